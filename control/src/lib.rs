@@ -1,1 +1,12 @@
-//! placeholder
+//! The kaas control thread: everything that decides, and nothing that touches log data.
+//!
+//! Owns: the health/readiness/metrics HTTP endpoint, and in cluster mode the Lease election,
+//! the heartbeat stream, the partition balancer and the `assignment.json` writer/watcher.
+//! Runs on the control thread only (a tokio current-thread runtime on its own OS thread); it
+//! talks to the shards through lock-free channels and atomics, never through a shared lock.
+//! The decision logic (`balancer`, `election`) is pure: observed state and time in, decisions
+//! out, so it is tested without sockets or clocks.
+
+pub mod balancer;
+pub mod election;
+pub mod health;

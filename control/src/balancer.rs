@@ -1,0 +1,1 @@
+//! Partition balancer (pure). See SPEC "Cluster contract".

@@ -1,0 +1,1 @@
+//! Lease election state machine (pure). See SPEC "Cluster contract".

@@ -1,0 +1,1 @@
+//! Health, readiness and metrics HTTP.
