@@ -1,8 +1,17 @@
 //! The Kafka wire protocol for kaas, with no IO in it.
 //!
-//! Owns: request/response framing, the registry of API versions we serve, and the bounds-checked
-//! record-batch header peeks that let the broker treat record data as opaque bytes. Runs on any
-//! thread: shards call it on their own core, `kaas-bench`, fuzzers and tests call it directly.
+//! Owns: request/response framing ([`frame`]), the registry of API versions we serve
+//! ([`versions`]), request decoding and response encoding ([`codec`]), and the bounds-checked
+//! record-batch header peeks ([`batch`]) that let the broker treat record data as opaque bytes.
+//! Runs on any thread: shards call it on their own core; `kaas-bench`, fuzzers and tests call it
+//! directly. Nothing here reads a socket or a file.
 
+pub mod batch;
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod versions;
+
+pub use error::WireError;
 /// The generated message codecs. Re-exported so every crate uses the same version.
 pub use kafka_protocol;

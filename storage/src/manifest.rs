@@ -1,0 +1,59 @@
+//! A partition's manifest: the facts that cannot be derived from the segments.
+//!
+//! Written tmp + fsync + rename + directory fsync, so a crash leaves either the old or the new
+//! manifest, never a torn one. The leader epoch in it never goes down: [`Manifest::store`] is
+//! only called with an epoch at least the stored one (checked by the caller, `PartitionLog`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::StorageError;
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    pub leader_epoch: i32,
+    pub log_start_offset: i64,
+    /// Log end offset at the last clean close; `None` after a crash or while open.
+    pub clean_end_offset: Option<i64>,
+}
+
+fn path(dir: &Path) -> PathBuf {
+    dir.join(MANIFEST_FILE)
+}
+
+impl Manifest {
+    pub fn load(dir: &Path) -> Result<Option<Manifest>, StorageError> {
+        let p = path(dir);
+        match std::fs::read(&p) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| StorageError::Corrupt { path: p, position: 0, detail: e.to_string() }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::io("reading", &p, e)),
+        }
+    }
+
+    /// Durably replaces the manifest. Blocking: a manifest is small and written only on open,
+    /// takeover, DeleteRecords and close, never per append.
+    pub fn store(&self, dir: &Path) -> Result<(), StorageError> {
+        write_atomically(&path(dir), &serde_json::to_vec_pretty(self).expect("manifest serializes"))
+    }
+}
+
+/// tmp + fsync + rename + fsync(dir): the file is either wholly old or wholly new after a crash.
+pub fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let tmp = target.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| StorageError::io("creating", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| StorageError::io("writing", &tmp, e))?;
+    f.sync_all().map_err(|e| StorageError::io("fsyncing", &tmp, e))?;
+    std::fs::rename(&tmp, target).map_err(|e| StorageError::io("renaming into", target, e))?;
+    if let Some(dir) = target.parent() {
+        let d = std::fs::File::open(dir).map_err(|e| StorageError::io("opening directory", dir, e))?;
+        d.sync_all().map_err(|e| StorageError::io("fsyncing directory", dir, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! [`PartitionLog`]: one partition's log, owned by one shard.
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_lite::future;
+use glommio::sync::Semaphore;
+use kaas_wire::batch::{self, BatchHeader};
+
+use crate::index::BatchEntry;
+use crate::manifest::Manifest;
+use crate::producer::{ProducerCheck, ProducerStateTable};
+use crate::segment::{parse_segment_file_name, Segment};
+use crate::{LeaderEpoch, StorageError};
+
+type Waiter = futures::channel::oneshot::Sender<Result<(), StorageError>>;
+
+/// Per-partition log settings (Kafka's topic config names in the comments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// `segment.bytes`: roll the active segment when an append would take it past this.
+    pub segment_bytes: u64,
+    /// `segment.ms`: roll the active segment when it is older than this.
+    pub segment_ms: u64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { segment_bytes: 1024 * 1024 * 1024, segment_ms: 7 * 24 * 3600 * 1000 }
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Written at these offsets; durable once `wait_durable(last_offset + 1)` returns.
+    Appended { base_offset: i64, last_offset: i64 },
+    /// A producer retry of a batch already in the log at these offsets; nothing was written.
+    Duplicate { base_offset: i64, last_offset: i64 },
+}
+
+impl AppendOutcome {
+    pub fn base_offset(&self) -> i64 {
+        match self {
+            AppendOutcome::Appended { base_offset, .. } | AppendOutcome::Duplicate { base_offset, .. } => *base_offset,
+        }
+    }
+    pub fn end_offset(&self) -> i64 {
+        match self {
+            AppendOutcome::Appended { last_offset, .. } | AppendOutcome::Duplicate { last_offset, .. } => *last_offset + 1,
+        }
+    }
+}
+
+/// What a read returns: whole batches, and the partition's offsets at the time of the read.
+#[derive(Debug, Clone)]
+pub struct ReadOutcome {
+    pub records: Bytes,
+    pub high_watermark: i64,
+    pub log_start_offset: i64,
+}
+
+/// Answer to a ListOffsets-by-timestamp lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampLookup {
+    pub offset: i64,
+    pub timestamp: i64,
+    pub leader_epoch: i32,
+}
+
+struct State {
+    segments: Vec<Segment>,
+    log_start_offset: i64,
+    /// Offset after the last batch whose write has completed.
+    log_end_offset: i64,
+    producers: ProducerStateTable,
+    epoch: i32,
+}
+
+struct Flush {
+    /// Every offset below this is on disk (fdatasync returned after its write completed).
+    durable_end: i64,
+    syncing: bool,
+    waiters: Vec<(i64, Waiter)>,
+}
+
+/// One partition's log. Lives on the shard that owns the partition (it is `!Send`).
+///
+/// Appends are serialized by `write_lock` so that offsets, file positions and producer
+/// sequence checks stay in one order; reads and fsyncs run beside them.
+pub struct PartitionLog {
+    dir: PathBuf,
+    config: RefCell<LogConfig>,
+    state: RefCell<State>,
+    flush: RefCell<Flush>,
+    write_lock: Semaphore,
+    /// Woken whenever the log end offset moves, for Fetch long-polls.
+    data_waiters: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
+    closed: Cell<bool>,
+}
+
+impl PartitionLog {
+    /// Opens (creating if needed) the partition in `dir`, recovering every segment: each batch
+    /// is verified and the log is cut at the first invalid byte before any write is accepted.
+    /// `epoch` is the leader epoch to serve at; the stored epoch never goes down, and a higher
+    /// one starts a new segment before the first write.
+    pub async fn open(dir: PathBuf, config: LogConfig, epoch: LeaderEpoch) -> Result<Rc<PartitionLog>, StorageError> {
+        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating partition directory", &dir, e))?;
+        let manifest = Manifest::load(&dir)?.unwrap_or_default();
+        let mut names: Vec<(i64, i32, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
+            let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
+            let name = entry.file_name();
+            if let Some((base, ep)) = name.to_str().and_then(parse_segment_file_name) {
+                names.push((base, ep, entry.path()));
+            }
+        }
+        names.sort();
+        let mut producers = ProducerStateTable::default();
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut cut = false;
+        for (base, ep, path) in names {
+            if cut {
+                // Everything after a corrupt point is unreachable: offsets must be contiguous.
+                tracing::warn!(path = %path.display(), "removing segment that follows a truncated one");
+                std::fs::remove_file(&path).map_err(|e| StorageError::io("removing segment", &path, e))?;
+                continue;
+            }
+            let (seg, truncated) = Segment::open_and_recover(path, base, ep, &mut producers).await?;
+            cut = truncated;
+            segments.push(seg);
+        }
+        let stored_epoch = manifest.leader_epoch.max(segments.last().map(|s| s.epoch).unwrap_or(0));
+        let epoch = epoch.0.max(stored_epoch);
+        let log_end_offset = segments.last().map(|s| s.next_offset()).unwrap_or(manifest.log_start_offset);
+        let log_start_offset = manifest.log_start_offset.min(log_end_offset).max(segments.first().map(|s| s.base_offset).unwrap_or(0).min(manifest.log_start_offset));
+        if segments.is_empty() {
+            segments.push(Segment::create(&dir, log_end_offset, epoch).await?);
+        }
+        Manifest { leader_epoch: epoch, log_start_offset, clean_end_offset: None }.store(&dir)?;
+        Ok(Rc::new(PartitionLog {
+            dir,
+            config: RefCell::new(config),
+            state: RefCell::new(State { segments, log_start_offset, log_end_offset, producers, epoch }),
+            flush: RefCell::new(Flush { durable_end: log_end_offset, syncing: false, waiters: Vec::new() }),
+            write_lock: Semaphore::new(1),
+            data_waiters: RefCell::new(Vec::new()),
+            closed: Cell::new(false),
+        }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn log_end_offset(&self) -> i64 {
+        self.state.borrow().log_end_offset
+    }
+    /// Single-copy log: everything written is readable, as Kafka with one in-sync replica.
+    pub fn high_watermark(&self) -> i64 {
+        self.log_end_offset()
+    }
+    pub fn log_start_offset(&self) -> i64 {
+        self.state.borrow().log_start_offset
+    }
+    pub fn leader_epoch(&self) -> LeaderEpoch {
+        LeaderEpoch(self.state.borrow().epoch)
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.state.borrow().segments.iter().map(|s| s.size).sum()
+    }
+    pub fn set_config(&self, config: LogConfig) {
+        *self.config.borrow_mut() = config;
+    }
+
+    /// Appends a produced record set (already verified by `kaas_wire::batch`, one header per
+    /// batch in `headers`). Offsets are assigned here; the batch bytes are copied once into the
+    /// write buffer with their base offsets and leader epoch rewritten. Returns when the write
+    /// has completed (not yet durable; see [`PartitionLog::wait_durable`]).
+    ///
+    /// A retried batch from an idempotent producer is not written again: the original offsets
+    /// are returned as [`AppendOutcome::Duplicate`].
+    pub async fn append(self: &Rc<Self>, records: &[u8], headers: &[BatchHeader], epoch: LeaderEpoch) -> Result<AppendOutcome, StorageError> {
+        let _permit = self.write_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        if self.closed.get() {
+            return Err(StorageError::Closed);
+        }
+        let current = self.state.borrow().epoch;
+        if epoch.0 < current {
+            return Err(StorageError::FencedLeaderEpoch { got: epoch.0, current });
+        }
+        // Producer checks for every batch before anything is written.
+        {
+            let st = self.state.borrow();
+            for h in headers {
+                if let ProducerCheck::Duplicate { base_offset, last_offset } = st.producers.check(h)? {
+                    if headers.len() == 1 {
+                        return Ok(AppendOutcome::Duplicate { base_offset, last_offset });
+                    }
+                }
+            }
+        }
+        self.maybe_roll(records.len() as u64).await?;
+
+        let mut buf = records.to_vec();
+        let (base_offset, position, file, path) = {
+            let st = self.state.borrow();
+            let seg = st.segments.last().expect("a log always has an active segment");
+            (st.log_end_offset, seg.size, seg.file.clone(), seg.path.clone())
+        };
+        let mut entries = Vec::with_capacity(headers.len());
+        let mut at = 0usize;
+        let mut next = base_offset;
+        for h in headers {
+            let len = h.total_len();
+            batch::set_base_offset(&mut buf[at..], next);
+            batch::set_partition_leader_epoch(&mut buf[at..], current);
+            entries.push(BatchEntry {
+                base_offset: next,
+                last_offset: next + h.last_offset_delta as i64,
+                position: position + at as u64,
+                len: len as u32,
+                max_timestamp: h.max_timestamp,
+                leader_epoch: current,
+            });
+            next += h.last_offset_delta as i64 + 1;
+            at += len;
+        }
+        let total = buf.len();
+        let written = file.write_at(buf, position).await.map_err(|e| StorageError::io("writing segment", &path, e))?;
+        if written != total {
+            // A short write (disk full): cut the partial bytes so the file holds whole batches.
+            let _ = file.truncate(position).await;
+            return Err(StorageError::io("writing segment", &path, format!("short write: {written} of {total} bytes")));
+        }
+        {
+            let mut st = self.state.borrow_mut();
+            for (h, e) in headers.iter().zip(&entries) {
+                st.producers.record(h, e.base_offset);
+            }
+            let seg = st.segments.last_mut().expect("active segment");
+            seg.size += total as u64;
+            for e in entries {
+                seg.index.push(e);
+            }
+            st.log_end_offset = next;
+        }
+        for w in self.data_waiters.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
+        Ok(AppendOutcome::Appended { base_offset, last_offset: next - 1 })
+    }
+
+    /// Starts a new segment when the active one is full or old, or was written at an older
+    /// leader epoch. The old segment is fsynced first so durability waiters never depend on a
+    /// file the flusher no longer watches.
+    async fn maybe_roll(&self, incoming: u64) -> Result<(), StorageError> {
+        let (need, old_file, old_path, next, epoch) = {
+            let st = self.state.borrow();
+            let cfg = self.config.borrow();
+            let seg = st.segments.last().expect("active segment");
+            let full = seg.size > 0 && seg.size + incoming > cfg.segment_bytes;
+            let old = seg.size > 0 && seg.opened_at.elapsed() > Duration::from_millis(cfg.segment_ms);
+            let epoch_changed = seg.epoch < st.epoch;
+            (full || old || epoch_changed, seg.file.clone(), seg.path.clone(), st.log_end_offset, st.epoch)
+        };
+        if !need {
+            return Ok(());
+        }
+        old_file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
+        let seg = Segment::create(&self.dir, next, epoch).await?;
+        let mut st = self.state.borrow_mut();
+        if st.segments.last().is_some_and(|s| s.size == 0) {
+            // An empty segment (the epoch changed before anything was written) is replaced.
+            let empty = st.segments.pop().expect("checked");
+            let _ = std::fs::remove_file(&empty.path);
+        }
+        st.segments.push(seg);
+        drop(st);
+        let mut fl = self.flush.borrow_mut();
+        fl.durable_end = fl.durable_end.max(next);
+        Ok(())
+    }
+
+    /// Returns once every offset below `end_offset` is durable. One fdatasync serves all waiters
+    /// whose writes completed before it started (group commit).
+    pub async fn wait_durable(self: &Rc<Self>, end_offset: i64) -> Result<(), StorageError> {
+        let rx = {
+            let mut fl = self.flush.borrow_mut();
+            if fl.durable_end >= end_offset {
+                return Ok(());
+            }
+            let (tx, rx) = futures::channel::oneshot::channel();
+            fl.waiters.push((end_offset, tx));
+            if !fl.syncing {
+                fl.syncing = true;
+                let me = self.clone();
+                glommio::spawn_local(async move { me.sync_loop().await }).detach();
+            }
+            rx
+        };
+        rx.await.unwrap_or(Err(StorageError::Closed))
+    }
+
+    async fn sync_loop(self: Rc<Self>) {
+        loop {
+            // The target is captured with the file before the fsync starts: only writes that
+            // completed by now are covered by it.
+            let (target, file, path) = {
+                let st = self.state.borrow();
+                let seg = st.segments.last().expect("active segment");
+                (st.log_end_offset, seg.file.clone(), seg.path.clone())
+            };
+            let result = file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &path, e));
+            let mut fl = self.flush.borrow_mut();
+            if result.is_ok() {
+                fl.durable_end = fl.durable_end.max(target);
+            }
+            let durable = fl.durable_end;
+            let waiters = std::mem::take(&mut fl.waiters);
+            for (end, w) in waiters {
+                if end <= durable {
+                    let _ = w.send(Ok(()));
+                } else if end <= target {
+                    let _ = w.send(result.clone());
+                } else {
+                    fl.waiters.push((end, w));
+                }
+            }
+            if fl.waiters.is_empty() {
+                fl.syncing = false;
+                return;
+            }
+        }
+    }
+
+    /// Reads whole batches starting with the one that contains `offset`, up to `max_bytes`
+    /// (at least one batch even if it is larger, as Kafka does, so a consumer always
+    /// progresses). Reads stop at a segment boundary.
+    pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
+        let (file, path, position, len, hw, start) = {
+            let st = self.state.borrow();
+            let (hw, start) = (st.log_end_offset, st.log_start_offset);
+            if offset < start || offset > hw {
+                return Err(StorageError::OffsetOutOfRange { offset, log_start: start, log_end: hw });
+            }
+            if offset == hw {
+                return Ok(ReadOutcome { records: Bytes::new(), high_watermark: hw, log_start_offset: start });
+            }
+            let si = st.segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1);
+            let mut found = None;
+            for seg in &st.segments[si..] {
+                let entries = seg.index.entries();
+                let i = seg.index.find(offset);
+                if i < entries.len() {
+                    found = Some((seg, i));
+                    break;
+                }
+            }
+            let Some((seg, i)) = found else {
+                return Ok(ReadOutcome { records: Bytes::new(), high_watermark: hw, log_start_offset: start });
+            };
+            let entries = seg.index.entries();
+            let first = entries[i];
+            let mut end = first.end_position();
+            for e in &entries[i + 1..] {
+                if (e.end_position() - first.position) as usize > max_bytes {
+                    break;
+                }
+                end = e.end_position();
+            }
+            (seg.file.clone(), seg.path.clone(), first.position, (end - first.position) as usize, hw, start)
+        };
+        let data = file.read_at(position, len).await.map_err(|e| StorageError::io("reading segment", &path, e))?;
+        if data.len() != len {
+            return Err(StorageError::io("reading segment", &path, format!("short read: {} of {len} bytes", data.len())));
+        }
+        Ok(ReadOutcome { records: Bytes::copy_from_slice(&data), high_watermark: hw, log_start_offset: start })
+    }
+
+    /// Waits until the log end offset passes `offset` or `timeout` elapses.
+    pub async fn wait_for_data(&self, offset: i64, timeout: Duration) {
+        if self.log_end_offset() > offset {
+            return;
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.data_waiters.borrow_mut().push(tx);
+        future::or(async { let _ = rx.await; }, async { glommio::timer::sleep(timeout).await; }).await;
+    }
+
+    /// The first batch whose max timestamp is at or after `timestamp` (batch granularity, as
+    /// Kafka's time index; the offset is the batch's base offset).
+    pub fn offset_for_timestamp(&self, timestamp: i64) -> Option<TimestampLookup> {
+        let st = self.state.borrow();
+        for seg in &st.segments {
+            if let Some(i) = seg.index.find_timestamp(timestamp) {
+                let e = seg.index.entries()[i];
+                let offset = e.base_offset.max(st.log_start_offset);
+                return Some(TimestampLookup { offset, timestamp: e.max_timestamp, leader_epoch: e.leader_epoch });
+            }
+        }
+        None
+    }
+
+    /// The record with the largest timestamp (ListOffsets MAX_TIMESTAMP): the last record of the
+    /// batch with the largest max timestamp.
+    pub fn max_timestamp(&self) -> Option<TimestampLookup> {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .filter_map(|s| s.index.max_timestamp().copied())
+            .max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
+            .map(|e| TimestampLookup { offset: e.last_offset, timestamp: e.max_timestamp, leader_epoch: e.leader_epoch })
+    }
+
+    /// OffsetForLeaderEpoch: the largest epoch ≤ `epoch` present in the log and the offset where
+    /// it ended (the start of the next epoch, or the log end offset for the current one).
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> (i32, i64) {
+        let st = self.state.borrow();
+        if epoch >= st.epoch {
+            return (st.epoch, st.log_end_offset);
+        }
+        let mut best: Option<i32> = None;
+        for seg in &st.segments {
+            for e in seg.index.entries() {
+                if e.leader_epoch > epoch {
+                    return match best {
+                        Some(b) => (b, e.base_offset),
+                        None => (-1, -1),
+                    };
+                }
+                best = Some(e.leader_epoch);
+            }
+        }
+        match best {
+            Some(b) => (b, st.log_end_offset),
+            None => (-1, -1),
+        }
+    }
+
+    /// DeleteRecords: moves the log start offset up to `offset` (never down, never past the
+    /// high watermark) and drops segments wholly below it. Returns the new log start offset.
+    pub async fn delete_records_before(&self, offset: i64) -> Result<i64, StorageError> {
+        let _permit = self.write_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        let (new_start, removed, epoch) = {
+            let mut st = self.state.borrow_mut();
+            if offset > st.log_end_offset || offset < 0 {
+                return Err(StorageError::OffsetOutOfRange { offset, log_start: st.log_start_offset, log_end: st.log_end_offset });
+            }
+            let new_start = offset.max(st.log_start_offset);
+            st.log_start_offset = new_start;
+            let mut removed = Vec::new();
+            while st.segments.len() > 1 && st.segments[1].base_offset <= new_start {
+                removed.push(st.segments.remove(0));
+            }
+            (new_start, removed, st.epoch)
+        };
+        Manifest { leader_epoch: epoch, log_start_offset: new_start, clean_end_offset: None }.store(&self.dir)?;
+        for seg in removed {
+            // The manifest already says these offsets are gone; unlinking is safe after it.
+            let _ = std::fs::remove_file(&seg.path);
+        }
+        Ok(new_start)
+    }
+
+    /// Flushes and records a clean shutdown. Later appends fail with [`StorageError::Closed`].
+    pub async fn close(&self) -> Result<(), StorageError> {
+        let _permit = self.write_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        if self.closed.replace(true) {
+            return Ok(());
+        }
+        let (file, path, m) = {
+            let st = self.state.borrow();
+            let seg = st.segments.last().expect("active segment");
+            (
+                seg.file.clone(),
+                seg.path.clone(),
+                Manifest { leader_epoch: st.epoch, log_start_offset: st.log_start_offset, clean_end_offset: Some(st.log_end_offset) },
+            )
+        };
+        file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
+        m.store(&self.dir)
+    }
+
+    /// Closes the log and removes its directory (DeleteTopics).
+    pub async fn remove(&self) -> Result<(), StorageError> {
+        self.closed.set(true);
+        self.write_lock.close();
+        std::fs::remove_dir_all(&self.dir).map_err(|e| StorageError::io("removing partition directory", &self.dir, e))
+    }
+}

@@ -1,0 +1,86 @@
+//! The one registry of what kaas serves: every API key with the version range we implement.
+//! ApiVersions is built from it and the request decoder refuses anything outside it, so a client
+//! can never negotiate a version we do not handle.
+
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
+
+/// (API, lowest version, highest version) served by this broker.
+///
+/// Caps below the codec's maximum are deliberate: Produce v13 and ListOffsets v9+ change
+/// semantics (topic IDs in Produce, tiered-storage offsets) that we do not serve yet.
+pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 12),
+    (ApiKey::Fetch, 4, 16),
+    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::DescribeCluster, 0, 2),
+    (ApiKey::DescribeTopicPartitions, 0, 0),
+];
+
+/// The version range we serve for `api_key`, or `None` when we do not serve it at all.
+pub fn supported_range(api_key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED_APIS.iter().find(|(k, _, _)| *k == api_key).map(|(_, lo, hi)| (*lo, *hi))
+}
+
+/// Whether we serve `api_key` at `version`.
+pub fn is_supported(api_key: ApiKey, version: i16) -> bool {
+    matches!(supported_range(api_key), Some((lo, hi)) if (lo..=hi).contains(&version))
+}
+
+/// The ApiVersions response body listing every supported range, with `error_code`.
+pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
+    let api_keys = SUPPORTED_APIS
+        .iter()
+        .map(|(k, lo, hi)| ApiVersion::default().with_api_key(*k as i16).with_min_version(*lo).with_max_version(*hi))
+        .collect();
+    ApiVersionsResponse::default().with_error_code(error_code).with_api_keys(api_keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::Message;
+
+    // Every range we advertise is one the codec can decode, so no advertised version can fail
+    // to parse for lack of a schema.
+    #[test]
+    fn ranges_within_codec() {
+        fn within<M: Message>(lo: i16, hi: i16) -> bool {
+            M::VERSIONS.min <= lo && hi <= M::VERSIONS.max && lo <= hi
+        }
+        for (k, lo, hi) in SUPPORTED_APIS {
+            let ok = match k {
+                ApiKey::Produce => within::<ProduceRequest>(*lo, *hi),
+                ApiKey::Fetch => within::<FetchRequest>(*lo, *hi),
+                ApiKey::ListOffsets => within::<ListOffsetsRequest>(*lo, *hi),
+                ApiKey::Metadata => within::<MetadataRequest>(*lo, *hi),
+                ApiKey::ApiVersions => within::<ApiVersionsRequest>(*lo, *hi),
+                ApiKey::CreateTopics => within::<CreateTopicsRequest>(*lo, *hi),
+                ApiKey::DeleteTopics => within::<DeleteTopicsRequest>(*lo, *hi),
+                ApiKey::InitProducerId => within::<InitProducerIdRequest>(*lo, *hi),
+                ApiKey::DescribeConfigs => within::<DescribeConfigsRequest>(*lo, *hi),
+                ApiKey::AlterConfigs => within::<AlterConfigsRequest>(*lo, *hi),
+                ApiKey::CreatePartitions => within::<CreatePartitionsRequest>(*lo, *hi),
+                ApiKey::DeleteRecords => within::<DeleteRecordsRequest>(*lo, *hi),
+                ApiKey::OffsetForLeaderEpoch => within::<OffsetForLeaderEpochRequest>(*lo, *hi),
+                ApiKey::IncrementalAlterConfigs => within::<IncrementalAlterConfigsRequest>(*lo, *hi),
+                ApiKey::DescribeCluster => within::<DescribeClusterRequest>(*lo, *hi),
+                ApiKey::DescribeTopicPartitions => within::<DescribeTopicPartitionsRequest>(*lo, *hi),
+                _ => false,
+            };
+            assert!(ok, "{k:?} {lo}..={hi} outside the codec's range");
+        }
+    }
+}
