@@ -1,0 +1,179 @@
+"""The stock Apache Kafka command-line tools (jars from Maven Central, run as their main
+classes exactly as the kafka-*.sh wrappers do): kafka-topics (TopicCommand), kafka-configs
+(ConfigCommand), kafka-console-producer/consumer and kafka-get-offsets (GetOffsetShell)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from kcheck import admin, unique_topic
+
+TOPIC_COMMAND = "org.apache.kafka.tools.TopicCommand"
+CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
+CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+GET_OFFSETS = "org.apache.kafka.tools.GetOffsetShell"
+
+
+@pytest.fixture(scope="module")
+def tool(kafka_libs):
+    """Run a Kafka tool main class; returns (returncode, stdout, stderr)."""
+    # kafka-configs moved from kafka.admin.ConfigCommand (core) to org.apache.kafka.tools
+    config_cmd = "org.apache.kafka.tools.ConfigCommand"
+    if not any(p.name.startswith("kafka-tools-") for p in kafka_libs.iterdir()):
+        pytest.skip("kafka-tools jar missing")
+
+    def run(cls, *args, input=None, timeout=120, check=True):
+        if cls == "ConfigCommand":
+            cls = config_cmd
+        cmd = ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+               "-cp", f"{kafka_libs}/*", cls, *map(str, args)]
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
+                           stdin=None if input is not None else subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{cls.rsplit('.', 1)[-1]} {' '.join(map(str, args))} "
+                                 f"exited {r.returncode}\nstdout: {r.stdout[-3000:]}\n"
+                                 f"stderr: {r.stderr[-3000:]}")
+        return r.returncode, r.stdout, r.stderr
+
+    return run
+
+
+def describe(tool, broker, topic):
+    """Parse `kafka-topics --describe`: (header fields, [partition line fields])."""
+    _, out, _ = tool(TOPIC_COMMAND, "--bootstrap-server", broker.bootstrap, "--describe",
+                     "--topic", topic)
+    header, parts = None, []
+    for line in out.splitlines():
+        fields = dict(re.findall(r"(\w+):\s*(\S*)", line))
+        if line.startswith("Topic:") and "PartitionCount" in fields:
+            header = fields
+        elif line.strip().startswith("Topic:") and "Partition" in fields:
+            parts.append(fields)
+    assert header is not None, f"no topic header in describe output:\n{out}"
+    return header, parts
+
+
+def wait_for(pred, timeout=15.0, interval=0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(interval)
+
+
+def test_topic_command_create_describe_alter_delete(broker, tool):
+    """kafka-topics creates a topic with 3 partitions and a config, lists and describes it
+    (every partition led), refuses a duplicate, grows it to 6 partitions, and deletes it."""
+    topic = unique_topic("tools-topic")
+    bs = ["--bootstrap-server", broker.bootstrap]
+    _, out, _ = tool(TOPIC_COMMAND, *bs, "--create", "--topic", topic, "--partitions", 3,
+                     "--replication-factor", 1, "--config", "retention.ms=86400000")
+    assert f"Created topic {topic}." in out
+
+    _, out, _ = tool(TOPIC_COMMAND, *bs, "--list")
+    assert topic in out.split()
+
+    header, parts = describe(tool, broker, topic)
+    assert header["Topic"] == topic
+    assert header["PartitionCount"] == "3" and header["ReplicationFactor"] == "1", header
+    assert header.get("TopicId") not in (None, "", "AAAAAAAAAAAAAAAAAAAAAA"), \
+        f"no real topic id: {header}"
+    assert "retention.ms=86400000" in header.get("Configs", ""), header
+    assert sorted(int(p["Partition"]) for p in parts) == [0, 1, 2]
+    assert all(p["Leader"] not in ("-1", "none") for p in parts), parts
+
+    rc, out, err = tool(TOPIC_COMMAND, *bs, "--create", "--topic", topic, "--partitions", 1,
+                        "--replication-factor", 1, check=False)
+    assert rc != 0 and "already exists" in (out + err), (rc, out, err)
+
+    tool(TOPIC_COMMAND, *bs, "--alter", "--topic", topic, "--partitions", 6)
+    got = wait_for(lambda: describe(tool, broker, topic)[0]["PartitionCount"] == "6")
+    header, parts = describe(tool, broker, topic)
+    assert got, header
+    assert sorted(int(p["Partition"]) for p in parts) == list(range(6))
+
+    tool(TOPIC_COMMAND, *bs, "--delete", "--topic", topic)
+    gone = wait_for(lambda: topic not in tool(TOPIC_COMMAND, *bs, "--list")[1].split())
+    assert gone, f"{topic} still listed after --delete"
+    rc, out, err = tool(TOPIC_COMMAND, *bs, "--describe", "--topic", topic, check=False)
+    assert rc != 0 and "does not exist" in (out + err), (rc, out, err)
+
+
+def test_config_command_topic_configs(broker, tool):
+    """kafka-configs adds topic configs, describes them, deletes one, and kafka-topics sees
+    the result."""
+    topic = unique_topic("tools-cfg")
+    bs = ["--bootstrap-server", broker.bootstrap]
+    tool(TOPIC_COMMAND, *bs, "--create", "--topic", topic, "--partitions", 2,
+         "--replication-factor", 1)
+    ent = ["--entity-type", "topics", "--entity-name", topic]
+    _, out, _ = tool("ConfigCommand", *bs, *ent, "--alter", "--add-config",
+                     "retention.ms=1000000,max.message.bytes=2000000")
+    assert f"Completed updating config for topic {topic}." in out, out
+
+    def dynamic_configs():
+        _, out, _ = tool("ConfigCommand", *bs, *ent, "--describe")
+        return dict(re.findall(r"^\s+([\w.]+)=(\S*) sensitive=", out, re.M))
+
+    cfg = wait_for(lambda: (c := dynamic_configs()).get("retention.ms") == "1000000" and c) \
+        or dynamic_configs()
+    assert cfg.get("retention.ms") == "1000000", cfg
+    assert cfg.get("max.message.bytes") == "2000000", cfg
+
+    tool("ConfigCommand", *bs, *ent, "--alter", "--delete-config", "retention.ms")
+    cfg = wait_for(lambda: "retention.ms" not in (c := dynamic_configs()) and c) \
+        or dynamic_configs()
+    assert "retention.ms" not in cfg, cfg
+    assert cfg.get("max.message.bytes") == "2000000", cfg
+
+    header, _ = describe(tool, broker, topic)
+    assert "max.message.bytes=2000000" in header.get("Configs", ""), header
+    assert "retention.ms=1000000" not in header.get("Configs", ""), header
+
+
+def test_config_command_describes_broker(broker, tool):
+    """kafka-configs --describe --all lists the broker's configuration by broker id."""
+    md = admin(broker.bootstrap).list_topics(timeout=10)
+    [broker_id] = list(md.brokers)
+    _, out, _ = tool("ConfigCommand", "--bootstrap-server", broker.bootstrap,
+                     "--entity-type", "brokers", "--entity-name", broker_id,
+                     "--describe", "--all")
+    assert f"All configs for broker {broker_id} are:" in out, out
+    entries = dict(re.findall(r"^\s+([\w.]+)=(.*?) sensitive=", out, re.M))
+    assert len(entries) >= 3, out
+
+
+def test_console_producer_consumer(broker, tool):
+    """kafka-console-producer writes 1000 keyed lines (acks=all, idempotent);
+    kafka-console-consumer --partition 0 --offset earliest (no group) prints them back with
+    their keys at offsets 0..999, and kafka-get-offsets reports 0 and 1000."""
+    topic = unique_topic("tools-console")
+    bs = ["--bootstrap-server", broker.bootstrap]
+    tool(TOPIC_COMMAND, *bs, "--create", "--topic", topic, "--partitions", 1,
+         "--replication-factor", 1)
+    n = 1000
+    lines = "".join(f"k{i % 7}:line-{i}\n" for i in range(n))
+    tool(CONSOLE_PRODUCER, *bs, "--topic", topic,
+         "--reader-property", "parse.key=true", "--reader-property", "key.separator=:",
+         "--command-property", "acks=all", "--command-property", "enable.idempotence=true",
+         input=lines)
+    _, out, err = tool(CONSOLE_CONSUMER, *bs, "--topic", topic, "--partition", 0,
+                       "--offset", "earliest", "--max-messages", n, "--timeout-ms", 30000,
+                       "--formatter-property", "print.key=true",
+                       "--formatter-property", "print.offset=true",
+                       "--formatter-property", "print.partition=true")
+    rows = [line.split("\t") for line in out.splitlines() if line.startswith("Partition:")]
+    assert len(rows) == n, f"read {len(rows)} of {n}; stderr: {err[-2000:]}"
+    for i, row in enumerate(rows):
+        assert row == [f"Partition:0", f"Offset:{i}", f"k{i % 7}", f"line-{i}"], row
+    assert f"Processed a total of {n} messages" in err
+
+    _, out, _ = tool(GET_OFFSETS, *bs, "--topic", topic, "--time", "-1")
+    assert out.split() == [f"{topic}:0:{n}"], out
+    _, out, _ = tool(GET_OFFSETS, *bs, "--topic", topic, "--time", "-2")
+    assert out.split() == [f"{topic}:0:0"], out
