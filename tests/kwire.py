@@ -1,0 +1,274 @@
+"""Just enough of the Kafka wire protocol, by hand, for raw-socket tests: framing, request
+headers, ApiVersions, a v2 record batch with CRC-32C, and Produce (v3-v12)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+# -- CRC-32C (Castagnoli), table driven ---------------------------------------------------
+
+_CRC_TABLE = []
+for _n in range(256):
+    _c = _n
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    _CRC_TABLE.append(_c)
+
+
+def crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+# -- primitive encoders --------------------------------------------------------------------
+
+
+def uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def varint(n: int) -> bytes:
+    return uvarint((n << 1) ^ (n >> 63))
+
+
+def string(s: str | None) -> bytes:
+    if s is None:
+        return struct.pack(">h", -1)
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def compact_string(s: str | None) -> bytes:
+    if s is None:
+        return uvarint(0)
+    b = s.encode()
+    return uvarint(len(b) + 1) + b
+
+
+def compact_bytes(b: bytes | None) -> bytes:
+    if b is None:
+        return uvarint(0)
+    return uvarint(len(b) + 1) + b
+
+
+def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = n = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, pos
+        shift += 7
+
+
+# -- framing -------------------------------------------------------------------------------
+
+
+def request(api_key: int, api_version: int, corr: int, body: bytes, flexible: bool = False,
+            client_id: str | None = "kaas-raw-test") -> bytes:
+    """A complete frame: int32 size + request header (v1, or v2 if flexible) + body."""
+    header = struct.pack(">hhi", api_key, api_version, corr) + string(client_id)
+    if flexible:
+        header += uvarint(0)  # no tagged fields
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def connect(broker, timeout: float = 10.0) -> socket.socket:
+    s = socket.create_connection((broker.host, broker.port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+class Closed(Exception):
+    """The peer closed (or reset) the connection."""
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = s.recv(n - len(buf))
+        except ConnectionResetError as e:
+            raise Closed(str(e))
+        if not chunk:
+            raise Closed(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(s: socket.socket) -> bytes:
+    (size,) = struct.unpack(">i", recv_exact(s, 4))
+    assert 0 <= size < 64 * 1024 * 1024, f"response frame size {size}"
+    return recv_exact(s, size)
+
+
+def closed_or_response(s: socket.socket, timeout: float = 10.0):
+    """Wait for the broker to either close the connection (returns None) or send one
+    response frame (returns its bytes). Raises AssertionError if it does neither in time."""
+    s.settimeout(timeout)
+    try:
+        return recv_frame(s)
+    except Closed:
+        return None
+    except socket.timeout:
+        raise AssertionError(f"broker neither answered nor closed the connection in {timeout}s")
+
+
+def wait_closed(s: socket.socket, timeout: float = 10.0) -> bytes:
+    """Wait until the broker closes the connection; returns whatever bytes came before it."""
+    s.settimeout(timeout)
+    got = bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return bytes(got)
+        except socket.timeout:
+            raise AssertionError(f"connection still open after {timeout}s "
+                                 f"(received {len(got)} bytes)")
+        if not chunk:
+            return bytes(got)
+        got += chunk
+        if time.monotonic() > deadline:
+            raise AssertionError("connection kept sending data")
+
+
+def send_all_tolerant(s: socket.socket, data: bytes) -> int:
+    """Send as much as the peer accepts; a reset/broken pipe just stops sending."""
+    sent = 0
+    try:
+        while sent < len(data):
+            n = s.send(data[sent:sent + 65536])
+            if n == 0:
+                break
+            sent += n
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except socket.timeout:
+        pass
+    return sent
+
+
+# -- ApiVersions -----------------------------------------------------------------------------
+
+
+def parse_api_versions_v0(body: bytes) -> tuple[int, dict[int, tuple[int, int]], int]:
+    """ApiVersions response v0 body (after the correlation id): error_code, [key, min, max].
+    Returns (error_code, {api_key: (min, max)}, bytes consumed)."""
+    (err,) = struct.unpack_from(">h", body, 0)
+    (n,) = struct.unpack_from(">i", body, 2)
+    pos = 6
+    ranges = {}
+    assert 0 <= n < 1000, f"api_keys array length {n}"
+    for _ in range(n):
+        k, lo, hi = struct.unpack_from(">hhh", body, pos)
+        ranges[k] = (lo, hi)
+        pos += 6
+    return err, ranges, pos
+
+
+def api_versions(broker) -> dict[int, tuple[int, int]]:
+    """Ask the broker for its ApiVersions (v0) and return {api_key: (min, max)}."""
+    with connect(broker) as s:
+        s.sendall(request(18, 0, 1, b""))
+        resp = recv_frame(s)
+    (corr,) = struct.unpack_from(">i", resp, 0)
+    assert corr == 1
+    err, ranges, _ = parse_api_versions_v0(resp[4:])
+    assert err == 0, f"ApiVersions v0 error {err}"
+    return ranges
+
+
+# -- record batches and Produce ------------------------------------------------------------
+
+
+def record_batch(records: list[tuple[bytes | None, bytes | None]], base_offset: int = 0,
+                 timestamp_ms: int | None = None, magic: int = 2,
+                 producer_id: int = -1, producer_epoch: int = -1,
+                 base_sequence: int = -1) -> bytes:
+    """An uncompressed magic-2 record batch with a correct CRC-32C."""
+    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    recs = bytearray()
+    for i, (k, v) in enumerate(records):
+        body = bytearray()
+        body += b"\x00"                 # attributes
+        body += varint(0)               # timestamp delta
+        body += varint(i)               # offset delta
+        body += varint(-1) if k is None else varint(len(k)) + k
+        body += varint(-1) if v is None else varint(len(v)) + v
+        body += varint(0)               # headers
+        recs += varint(len(body)) + body
+    after_crc = struct.pack(">hiqqqhii", 0, len(records) - 1, ts, ts, producer_id,
+                            producer_epoch, base_sequence, len(records)) + bytes(recs)
+    crc = crc32c(after_crc)
+    after_len = struct.pack(">ibI", -1, magic, crc) + after_crc
+    return struct.pack(">qi", base_offset, len(after_len)) + after_len
+
+
+CRC_OFFSET = 8 + 4 + 4 + 1  # base offset, batch length, leader epoch, magic
+
+
+def produce_request(version: int, corr: int, topic: str, partition: int, batch: bytes,
+                    acks: int = -1, timeout_ms: int = 10000) -> bytes:
+    if version >= 13:
+        raise ValueError("Produce v13+ addresses topics by id; use <= 12")
+    if version >= 9:
+        body = (compact_string(None) + struct.pack(">hi", acks, timeout_ms)
+                + uvarint(2) + compact_string(topic)
+                + uvarint(2) + struct.pack(">i", partition) + compact_bytes(batch) + uvarint(0)
+                + uvarint(0)
+                + uvarint(0))
+        return request(0, version, corr, body, flexible=True)
+    body = (string(None) + struct.pack(">hi", acks, timeout_ms)
+            + struct.pack(">i", 1) + string(topic)
+            + struct.pack(">i", 1) + struct.pack(">i", partition)
+            + struct.pack(">i", len(batch)) + batch)
+    return request(0, version, corr, body)
+
+
+def parse_produce_response(version: int, frame: bytes) -> tuple[int, str, int, int, int]:
+    """Returns (correlation id, topic, partition, error_code, base_offset) of the first
+    partition in a Produce response (v3-v12)."""
+    (corr,) = struct.unpack_from(">i", frame, 0)
+    pos = 4
+    if version >= 9:
+        _, pos = read_uvarint(frame, pos)          # response header tagged fields
+        _n_topics, pos = read_uvarint(frame, pos)
+        ln, pos = read_uvarint(frame, pos)
+        name = frame[pos:pos + ln - 1].decode()
+        pos += ln - 1
+        _n_parts, pos = read_uvarint(frame, pos)
+    else:
+        pos += 4                                   # topics array length
+        (ln,) = struct.unpack_from(">h", frame, pos)
+        pos += 2
+        name = frame[pos:pos + ln].decode()
+        pos += ln
+        pos += 4                                   # partitions array length
+    idx, err, base = struct.unpack_from(">ihq", frame, pos)
+    return corr, name, idx, err, base
+
+
+def pick_produce_version(ranges: dict[int, tuple[int, int]]) -> int:
+    lo, hi = ranges[0]
+    v = min(hi, 12)
+    assert v >= max(lo, 3), f"broker Produce range {lo}..{hi} has no version 3..12"
+    return v
