@@ -1,1 +1,180 @@
-fn main() {}
+//! `kaas`: the broker binary. Parses flags, starts the shards (one glommio executor per core)
+//! and the control thread (tokio, health/metrics HTTP), and shuts everything down cleanly on
+//! SIGTERM or SIGINT.
+
+mod alloc;
+mod health_view;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{ArgAction, Parser};
+use kaas_shard::config::BrokerConfig;
+
+#[global_allocator]
+static ALLOCATOR: alloc::GuardedAlloc = alloc::GuardedAlloc;
+
+/// A Kafka-wire-compatible, thread-per-core message broker.
+///
+/// With no flags, kaas is a persisted single-node broker on 127.0.0.1:9092 storing data in
+/// ./kaas-data. Every flag can also be set as an environment variable (KAAS_<FLAG>).
+#[derive(Debug, Parser)]
+#[command(name = "kaas", version, about, long_about = None)]
+struct Args {
+    /// Address the Kafka listener binds (every shard accepts on it through SO_REUSEPORT).
+    #[arg(long, env = "KAAS_LISTEN", default_value = "127.0.0.1:9092")]
+    listen: SocketAddr,
+    /// HOST:PORT clients are told to connect to (Metadata). Defaults to the listen address.
+    #[arg(long, env = "KAAS_ADVERTISED_LISTENER")]
+    advertised_listener: Option<String>,
+    /// Directory holding the topic catalog and partition logs.
+    #[arg(long, env = "KAAS_DATA_DIR", default_value = "./kaas-data")]
+    data_dir: PathBuf,
+    /// Number of shards (glommio executors, each pinned to a core). Defaults to the core count.
+    #[arg(long, env = "KAAS_SHARDS")]
+    shards: Option<usize>,
+    /// Address of the HTTP endpoint serving /healthz, /readyz and /metrics.
+    #[arg(long, env = "KAAS_HEALTH_LISTEN", default_value = "0.0.0.0:8080")]
+    health_listen: SocketAddr,
+    /// Create unknown topics on Metadata and Produce requests.
+    #[arg(long, env = "KAAS_AUTO_CREATE_TOPICS", default_value_t = true, action = ArgAction::Set)]
+    auto_create_topics: bool,
+    /// Partition count of auto-created topics (and of CreateTopics asking for the default).
+    #[arg(long, env = "KAAS_NUM_PARTITIONS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    num_partitions: i32,
+    /// Largest request frame accepted, in bytes; larger ones close the connection.
+    #[arg(long, env = "KAAS_MAX_FRAME_BYTES", default_value_t = 100 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=(1u64 << 31)))]
+    max_frame_bytes: u64,
+    /// io_uring buffer memory per shard, in bytes (counts against RLIMIT_MEMLOCK).
+    #[arg(long, env = "KAAS_IO_MEMORY_BYTES", default_value_t = 2 << 20)]
+    io_memory_bytes: usize,
+    /// This broker's id (node id in Metadata).
+    #[arg(long, env = "KAAS_BROKER_ID", default_value_t = 0)]
+    broker_id: i32,
+    /// Log filter (tracing-subscriber EnvFilter syntax), e.g. "info" or "kaas_shard=debug".
+    #[arg(long, env = "KAAS_LOG", default_value = "info")]
+    log: String,
+}
+
+fn parse_advertised(s: &str) -> anyhow::Result<(String, u16)> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .with_context(|| format!("--advertised-listener {s:?} is not HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("--advertised-listener {s:?}: port is not a number"))?;
+    if host.is_empty() {
+        bail!("--advertised-listener {s:?}: host is empty");
+    }
+    Ok((
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+    ))
+}
+
+fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&args.log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(args) {
+        tracing::error!("kaas failed to start: {e:#}");
+        eprintln!("kaas: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let (advertised_host, advertised_port) = match &args.advertised_listener {
+        Some(a) => parse_advertised(a)?,
+        None => {
+            if args.listen.ip().is_unspecified() {
+                bail!("--listen {} is a wildcard address; set --advertised-listener HOST:PORT so clients know where to connect", args.listen);
+            }
+            (args.listen.ip().to_string(), args.listen.port())
+        }
+    };
+    let shards = args
+        .shards
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .max(1);
+    let config = BrokerConfig {
+        broker_id: args.broker_id,
+        listen: args.listen,
+        advertised_host,
+        advertised_port,
+        data_dir: args.data_dir.clone(),
+        shards,
+        auto_create_topics: args.auto_create_topics,
+        num_partitions: args.num_partitions,
+        max_frame_bytes: args.max_frame_bytes as usize,
+        io_memory_bytes: args.io_memory_bytes,
+    };
+    // Bind the health endpoint first so a port clash fails before any data is touched.
+    let health = std::net::TcpListener::bind(args.health_listen)
+        .with_context(|| format!("binding the health endpoint on {}", args.health_listen))?;
+    health.set_nonblocking(true)?;
+
+    let runtime = kaas_shard::start(config).context("starting the shards")?;
+    tracing::info!(
+        listen = %runtime.config.listen,
+        advertised = %format!("{}:{}", runtime.config.advertised_host, runtime.config.advertised_port),
+        data_dir = %runtime.config.data_dir.display(),
+        shards,
+        health = %args.health_listen,
+        cluster_id = runtime.catalog.cluster_id(),
+        "kaas is serving"
+    );
+
+    let view = Arc::new(health_view::HealthView::new(
+        runtime.config.clone(),
+        runtime.catalog.clone(),
+        runtime.probes.clone(),
+    ));
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<&'static str>();
+    std::thread::Builder::new()
+        .name("kaas-control".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("control runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(health).expect("health listener");
+                tokio::spawn(kaas_control::health::serve(listener, view));
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                let mut int =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                        .expect("SIGINT handler");
+                let which = tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                };
+                let _ = stop_tx.send(which);
+                // Keep answering probes while the shards drain.
+                std::future::pending::<()>().await;
+            });
+        })
+        .context("starting the control thread")?;
+
+    let signal = stop_rx.recv().unwrap_or("control thread exit");
+    tracing::info!(signal, "shutting down: closing partitions");
+    runtime.shutdown();
+    runtime.join();
+    tracing::info!("kaas stopped cleanly");
+    Ok(())
+}

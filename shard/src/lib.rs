@@ -1,1 +1,247 @@
-//! placeholder
+//! The kaas data plane: one glommio executor ("shard") per core, each pinned to its core.
+//!
+//! Owns: the Kafka listener (every shard accepts on the same port through SO_REUSEPORT), the
+//! connections accepted on each shard, the partitions each shard owns (a stable hash of topic
+//! and partition, see [`shard::owner_shard`]) and the request handlers. Runs on the shard
+//! threads; the only things shared between shards are the lock-free topic catalog snapshot and
+//! the per-shard probes the control thread reads. Work for a partition on another shard moves
+//! there explicitly through [`mesh::on_shard`].
+
+pub mod catalog;
+pub mod config;
+mod conn;
+pub mod errors;
+mod handlers;
+pub mod mesh;
+pub mod probe;
+pub mod shard;
+pub mod topic_config;
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use glommio::{Latency, LocalExecutorBuilder, Placement, Shares};
+
+use crate::catalog::Catalog;
+use crate::config::BrokerConfig;
+use crate::mesh::{new_mesh, Peers};
+use crate::probe::ShardProbe;
+use crate::shard::Shard;
+
+/// How often a shard proves it is alive (and checks for shutdown).
+const TICK: Duration = Duration::from_millis(100);
+
+/// A running set of shards.
+pub struct BrokerRuntime {
+    pub config: Arc<BrokerConfig>,
+    pub catalog: Arc<Catalog>,
+    pub probes: Vec<Arc<ShardProbe>>,
+    shutdown: Arc<AtomicBool>,
+    handles: Vec<glommio::ExecutorJoinHandle<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the topic catalog: {0}")]
+    Catalog(#[from] catalog::CatalogError),
+    #[error("shard {shard} failed to start: {reason}")]
+    Shard { shard: usize, reason: String },
+}
+
+impl BrokerRuntime {
+    /// Asks every shard to stop: each stops accepting, fsyncs and closes its partitions.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for every shard to finish.
+    pub fn join(self) {
+        for (i, h) in self.handles.into_iter().enumerate() {
+            if let Err(e) = h.join() {
+                tracing::error!(shard = i, error = %e, "shard ended with an error");
+            }
+        }
+    }
+}
+
+/// Starts `config.shards` executors and returns once every one has bound its listener (or
+/// reports the first failure, e.g. io_uring unavailable or the port taken).
+pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| StartError::Shard {
+        shard: 0,
+        reason: format!("creating data directory {}: {e}", config.data_dir.display()),
+    })?;
+    let catalog = Arc::new(Catalog::open(&config.data_dir)?);
+    let config = Arc::new(config);
+    let nshards = config.shards.max(1);
+    let probes: Vec<Arc<ShardProbe>> = (0..nshards)
+        .map(|_| Arc::new(ShardProbe::default()))
+        .collect();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let mesh = new_mesh(nshards);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
+    let mut handles = Vec::new();
+    for (id, probe) in probes.iter().enumerate() {
+        // Pin to a core while there are enough cores; beyond that let the OS place them.
+        let placement = if nshards <= cpus {
+            Placement::Fixed(id)
+        } else {
+            Placement::Unbound
+        };
+        let (config, catalog, probe, shutdown, mesh, ready) = (
+            config.clone(),
+            catalog.clone(),
+            probe.clone(),
+            shutdown.clone(),
+            mesh.clone(),
+            ready_tx.clone(),
+        );
+        let builder = LocalExecutorBuilder::new(placement)
+            .name(&format!("kaas-shard-{id}"))
+            .io_memory(config.io_memory_bytes)
+            // Small preemption period: cross-shard jobs and long-poll wakeups must not wait
+            // behind a busy task queue for the default 100 ms.
+            .preempt_timer(Duration::from_millis(5));
+        let handle = builder
+            .spawn(move || async move {
+                run_shard(id, config, catalog, probe, shutdown, mesh, ready).await
+            })
+            .map_err(|e| StartError::Shard {
+                shard: id,
+                reason: explain_start_error(&e.to_string()),
+            })?;
+        handles.push(handle);
+    }
+    drop(ready_tx);
+    for _ in 0..nshards {
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok((_, Ok(()))) => {}
+            Ok((shard, Err(reason))) => {
+                shutdown.store(true, Ordering::SeqCst);
+                return Err(StartError::Shard { shard, reason });
+            }
+            Err(_) => {
+                shutdown.store(true, Ordering::SeqCst);
+                return Err(StartError::Shard { shard: usize::MAX, reason: "a shard did not start within 30 s (see earlier errors; io_uring or memlock limits are the usual cause)".into() });
+            }
+        }
+    }
+    Ok(BrokerRuntime {
+        config,
+        catalog,
+        probes,
+        shutdown,
+        handles,
+    })
+}
+
+/// Turns a low-level start failure into advice for the person running the broker.
+fn explain_start_error(e: &str) -> String {
+    let hint = if e.contains("Cannot allocate memory") || e.contains("ENOMEM") {
+        " (io_uring buffers count against RLIMIT_MEMLOCK: raise `ulimit -l`, give the container CAP_IPC_LOCK, or lower --io-memory-bytes)"
+    } else if e.contains("Operation not permitted")
+        || e.contains("EPERM")
+        || e.contains("Function not implemented")
+    {
+        " (io_uring is blocked: allow the io_uring_* syscalls in the seccomp profile and check that sysctl kernel.io_uring_disabled is 0)"
+    } else {
+        ""
+    };
+    format!("{e}{hint}")
+}
+
+async fn run_shard(
+    id: usize,
+    config: Arc<BrokerConfig>,
+    catalog: Arc<Catalog>,
+    probe: Arc<ShardProbe>,
+    shutdown: Arc<AtomicBool>,
+    mesh: mesh::Mesh,
+    ready: mpsc::Sender<(usize, Result<(), String>)>,
+) {
+    let (senders, mut receivers) = match mesh.join().await {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send((id, Err(format!("joining the shard mesh failed: {e}"))));
+            return;
+        }
+    };
+    // Routing uses the mesh's peer ids (assigned in join order), not the executor index, so
+    // that `send_to(owner)` reaches the shard that owns the partition.
+    let shard_id = senders.peer_id();
+    let shard = Rc::new(Shard::new(
+        shard_id,
+        config.clone(),
+        catalog,
+        probe.clone(),
+        Peers::new(senders),
+    ));
+    // Jobs from other shards run in a latency-sensitive queue so they are picked up promptly
+    // even when this shard is busy.
+    let mesh_queue = glommio::executor().create_task_queue(
+        Shares::default(),
+        Latency::Matters(Duration::from_millis(1)),
+        "mesh",
+    );
+    for (_, rx) in receivers.streams() {
+        let shard = shard.clone();
+        glommio::spawn_local_into(
+            async move {
+                while let Some(job) = rx.recv().await {
+                    job(shard.clone());
+                }
+            },
+            mesh_queue,
+        )
+        .expect("mesh task queue exists")
+        .detach();
+    }
+    let listener = match glommio::net::TcpListener::bind(config.listen) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send((
+                id,
+                Err(format!(
+                    "binding the Kafka listener on {}: {e}",
+                    config.listen
+                )),
+            ));
+            return;
+        }
+    };
+    probe.listener_bound.store(true, Ordering::SeqCst);
+    let acceptor = {
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            loop {
+                match listener.accept().await {
+                    Ok(stream) => {
+                        let shard = shard.clone();
+                        glommio::spawn_local(async move { conn::serve(shard, stream).await })
+                            .detach();
+                    }
+                    Err(e) => {
+                        tracing::warn!(shard = shard.id, error = %e, "accept failed");
+                        glommio::timer::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        })
+    };
+    let _ = ready.send((id, Ok(())));
+    tracing::info!(shard = id, listen = %config.listen, "shard serving");
+    while !shutdown.load(Ordering::SeqCst) {
+        glommio::timer::sleep(TICK).await;
+        probe.alive_ticks.fetch_add(1, Ordering::Relaxed);
+    }
+    drop(acceptor);
+    probe.listener_bound.store(false, Ordering::SeqCst);
+    shard.close_all().await;
+    probe.stopped.store(true, Ordering::SeqCst);
+    tracing::info!(shard = id, "shard stopped; partitions closed cleanly");
+}

@@ -27,7 +27,10 @@ pub struct BatchIndex {
 
 impl BatchIndex {
     pub fn push(&mut self, e: BatchEntry) {
-        debug_assert!(self.entries.last().is_none_or(|l| l.last_offset < e.base_offset));
+        debug_assert!(self
+            .entries
+            .last()
+            .is_none_or(|l| l.last_offset < e.base_offset));
         self.entries.push(e);
     }
     pub fn entries(&self) -> &[BatchEntry] {
@@ -45,6 +48,8 @@ impl BatchIndex {
         self.entries.iter().position(|e| e.max_timestamp >= ts)
     }
     pub fn max_timestamp(&self) -> Option<&BatchEntry> {
-        self.entries.iter().max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
+        self.entries
+            .iter()
+            .max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
     }
 }

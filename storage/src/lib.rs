@@ -20,6 +20,7 @@ mod producer;
 mod segment;
 
 pub use error::StorageError;
+pub use manifest::write_atomically;
 pub use partition::{AppendOutcome, LogConfig, PartitionLog, ReadOutcome, TimestampLookup};
 pub use producer::ProducerCheck;
 
@@ -28,5 +29,17 @@ pub type Offset = i64;
 
 /// A partition leader epoch. Raised on every takeover; an append stamped with an older epoch
 /// is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct LeaderEpoch(pub i32);

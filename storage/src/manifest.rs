@@ -29,9 +29,15 @@ impl Manifest {
     pub fn load(dir: &Path) -> Result<Option<Manifest>, StorageError> {
         let p = path(dir);
         match std::fs::read(&p) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| StorageError::Corrupt { path: p, position: 0, detail: e.to_string() }),
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| StorageError::Corrupt {
+                        path: p,
+                        position: 0,
+                        detail: e.to_string(),
+                    })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StorageError::io("reading", &p, e)),
         }
@@ -40,7 +46,10 @@ impl Manifest {
     /// Durably replaces the manifest. Blocking: a manifest is small and written only on open,
     /// takeover, DeleteRecords and close, never per append.
     pub fn store(&self, dir: &Path) -> Result<(), StorageError> {
-        write_atomically(&path(dir), &serde_json::to_vec_pretty(self).expect("manifest serializes"))
+        write_atomically(
+            &path(dir),
+            &serde_json::to_vec_pretty(self).expect("manifest serializes"),
+        )
     }
 }
 
@@ -48,12 +57,16 @@ impl Manifest {
 pub fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     let tmp = target.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| StorageError::io("creating", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| StorageError::io("writing", &tmp, e))?;
-    f.sync_all().map_err(|e| StorageError::io("fsyncing", &tmp, e))?;
+    f.write_all(bytes)
+        .map_err(|e| StorageError::io("writing", &tmp, e))?;
+    f.sync_all()
+        .map_err(|e| StorageError::io("fsyncing", &tmp, e))?;
     std::fs::rename(&tmp, target).map_err(|e| StorageError::io("renaming into", target, e))?;
     if let Some(dir) = target.parent() {
-        let d = std::fs::File::open(dir).map_err(|e| StorageError::io("opening directory", dir, e))?;
-        d.sync_all().map_err(|e| StorageError::io("fsyncing directory", dir, e))?;
+        let d =
+            std::fs::File::open(dir).map_err(|e| StorageError::io("opening directory", dir, e))?;
+        d.sync_all()
+            .map_err(|e| StorageError::io("fsyncing directory", dir, e))?;
     }
     Ok(())
 }

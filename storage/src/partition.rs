@@ -29,7 +29,10 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { segment_bytes: 1024 * 1024 * 1024, segment_ms: 7 * 24 * 3600 * 1000 }
+        LogConfig {
+            segment_bytes: 1024 * 1024 * 1024,
+            segment_ms: 7 * 24 * 3600 * 1000,
+        }
     }
 }
 
@@ -45,12 +48,14 @@ pub enum AppendOutcome {
 impl AppendOutcome {
     pub fn base_offset(&self) -> i64 {
         match self {
-            AppendOutcome::Appended { base_offset, .. } | AppendOutcome::Duplicate { base_offset, .. } => *base_offset,
+            AppendOutcome::Appended { base_offset, .. }
+            | AppendOutcome::Duplicate { base_offset, .. } => *base_offset,
         }
     }
     pub fn end_offset(&self) -> i64 {
         match self {
-            AppendOutcome::Appended { last_offset, .. } | AppendOutcome::Duplicate { last_offset, .. } => *last_offset + 1,
+            AppendOutcome::Appended { last_offset, .. }
+            | AppendOutcome::Duplicate { last_offset, .. } => *last_offset + 1,
         }
     }
 }
@@ -107,8 +112,13 @@ impl PartitionLog {
     /// is verified and the log is cut at the first invalid byte before any write is accepted.
     /// `epoch` is the leader epoch to serve at; the stored epoch never goes down, and a higher
     /// one starts a new segment before the first write.
-    pub async fn open(dir: PathBuf, config: LogConfig, epoch: LeaderEpoch) -> Result<Rc<PartitionLog>, StorageError> {
-        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating partition directory", &dir, e))?;
+    pub async fn open(
+        dir: PathBuf,
+        config: LogConfig,
+        epoch: LeaderEpoch,
+    ) -> Result<Rc<PartitionLog>, StorageError> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StorageError::io("creating partition directory", &dir, e))?;
         let manifest = Manifest::load(&dir)?.unwrap_or_default();
         let mut names: Vec<(i64, i32, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
@@ -126,26 +136,54 @@ impl PartitionLog {
             if cut {
                 // Everything after a corrupt point is unreachable: offsets must be contiguous.
                 tracing::warn!(path = %path.display(), "removing segment that follows a truncated one");
-                std::fs::remove_file(&path).map_err(|e| StorageError::io("removing segment", &path, e))?;
+                std::fs::remove_file(&path)
+                    .map_err(|e| StorageError::io("removing segment", &path, e))?;
                 continue;
             }
-            let (seg, truncated) = Segment::open_and_recover(path, base, ep, &mut producers).await?;
+            let (seg, truncated) =
+                Segment::open_and_recover(path, base, ep, &mut producers).await?;
             cut = truncated;
             segments.push(seg);
         }
-        let stored_epoch = manifest.leader_epoch.max(segments.last().map(|s| s.epoch).unwrap_or(0));
+        let stored_epoch = manifest
+            .leader_epoch
+            .max(segments.last().map(|s| s.epoch).unwrap_or(0));
         let epoch = epoch.0.max(stored_epoch);
-        let log_end_offset = segments.last().map(|s| s.next_offset()).unwrap_or(manifest.log_start_offset);
-        let log_start_offset = manifest.log_start_offset.min(log_end_offset).max(segments.first().map(|s| s.base_offset).unwrap_or(0).min(manifest.log_start_offset));
+        let log_end_offset = segments
+            .last()
+            .map(|s| s.next_offset())
+            .unwrap_or(manifest.log_start_offset);
+        let log_start_offset = manifest.log_start_offset.min(log_end_offset).max(
+            segments
+                .first()
+                .map(|s| s.base_offset)
+                .unwrap_or(0)
+                .min(manifest.log_start_offset),
+        );
         if segments.is_empty() {
             segments.push(Segment::create(&dir, log_end_offset, epoch).await?);
         }
-        Manifest { leader_epoch: epoch, log_start_offset, clean_end_offset: None }.store(&dir)?;
+        Manifest {
+            leader_epoch: epoch,
+            log_start_offset,
+            clean_end_offset: None,
+        }
+        .store(&dir)?;
         Ok(Rc::new(PartitionLog {
             dir,
             config: RefCell::new(config),
-            state: RefCell::new(State { segments, log_start_offset, log_end_offset, producers, epoch }),
-            flush: RefCell::new(Flush { durable_end: log_end_offset, syncing: false, waiters: Vec::new() }),
+            state: RefCell::new(State {
+                segments,
+                log_start_offset,
+                log_end_offset,
+                producers,
+                epoch,
+            }),
+            flush: RefCell::new(Flush {
+                durable_end: log_end_offset,
+                syncing: false,
+                waiters: Vec::new(),
+            }),
             write_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
@@ -182,22 +220,41 @@ impl PartitionLog {
     ///
     /// A retried batch from an idempotent producer is not written again: the original offsets
     /// are returned as [`AppendOutcome::Duplicate`].
-    pub async fn append(self: &Rc<Self>, records: &[u8], headers: &[BatchHeader], epoch: LeaderEpoch) -> Result<AppendOutcome, StorageError> {
-        let _permit = self.write_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+    pub async fn append(
+        self: &Rc<Self>,
+        records: &[u8],
+        headers: &[BatchHeader],
+        epoch: LeaderEpoch,
+    ) -> Result<AppendOutcome, StorageError> {
+        let _permit = self
+            .write_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
         if self.closed.get() {
             return Err(StorageError::Closed);
         }
         let current = self.state.borrow().epoch;
         if epoch.0 < current {
-            return Err(StorageError::FencedLeaderEpoch { got: epoch.0, current });
+            return Err(StorageError::FencedLeaderEpoch {
+                got: epoch.0,
+                current,
+            });
         }
         // Producer checks for every batch before anything is written.
         {
             let st = self.state.borrow();
             for h in headers {
-                if let ProducerCheck::Duplicate { base_offset, last_offset } = st.producers.check(h)? {
+                if let ProducerCheck::Duplicate {
+                    base_offset,
+                    last_offset,
+                } = st.producers.check(h)?
+                {
                     if headers.len() == 1 {
-                        return Ok(AppendOutcome::Duplicate { base_offset, last_offset });
+                        return Ok(AppendOutcome::Duplicate {
+                            base_offset,
+                            last_offset,
+                        });
                     }
                 }
             }
@@ -207,8 +264,16 @@ impl PartitionLog {
         let mut buf = records.to_vec();
         let (base_offset, position, file, path) = {
             let st = self.state.borrow();
-            let seg = st.segments.last().expect("a log always has an active segment");
-            (st.log_end_offset, seg.size, seg.file.clone(), seg.path.clone())
+            let seg = st
+                .segments
+                .last()
+                .expect("a log always has an active segment");
+            (
+                st.log_end_offset,
+                seg.size,
+                seg.file.clone(),
+                seg.path.clone(),
+            )
         };
         let mut entries = Vec::with_capacity(headers.len());
         let mut at = 0usize;
@@ -229,11 +294,18 @@ impl PartitionLog {
             at += len;
         }
         let total = buf.len();
-        let written = file.write_at(buf, position).await.map_err(|e| StorageError::io("writing segment", &path, e))?;
+        let written = file
+            .write_at(buf, position)
+            .await
+            .map_err(|e| StorageError::io("writing segment", &path, e))?;
         if written != total {
             // A short write (disk full): cut the partial bytes so the file holds whole batches.
             let _ = file.truncate(position).await;
-            return Err(StorageError::io("writing segment", &path, format!("short write: {written} of {total} bytes")));
+            return Err(StorageError::io(
+                "writing segment",
+                &path,
+                format!("short write: {written} of {total} bytes"),
+            ));
         }
         {
             let mut st = self.state.borrow_mut();
@@ -250,7 +322,10 @@ impl PartitionLog {
         for w in self.data_waiters.borrow_mut().drain(..) {
             let _ = w.send(());
         }
-        Ok(AppendOutcome::Appended { base_offset, last_offset: next - 1 })
+        Ok(AppendOutcome::Appended {
+            base_offset,
+            last_offset: next - 1,
+        })
     }
 
     /// Starts a new segment when the active one is full or old, or was written at an older
@@ -262,14 +337,24 @@ impl PartitionLog {
             let cfg = self.config.borrow();
             let seg = st.segments.last().expect("active segment");
             let full = seg.size > 0 && seg.size + incoming > cfg.segment_bytes;
-            let old = seg.size > 0 && seg.opened_at.elapsed() > Duration::from_millis(cfg.segment_ms);
+            let old =
+                seg.size > 0 && seg.opened_at.elapsed() > Duration::from_millis(cfg.segment_ms);
             let epoch_changed = seg.epoch < st.epoch;
-            (full || old || epoch_changed, seg.file.clone(), seg.path.clone(), st.log_end_offset, st.epoch)
+            (
+                full || old || epoch_changed,
+                seg.file.clone(),
+                seg.path.clone(),
+                st.log_end_offset,
+                st.epoch,
+            )
         };
         if !need {
             return Ok(());
         }
-        old_file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
+        old_file
+            .fdatasync()
+            .await
+            .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
         let seg = Segment::create(&self.dir, next, epoch).await?;
         let mut st = self.state.borrow_mut();
         if st.segments.last().is_some_and(|s| s.size == 0) {
@@ -313,7 +398,10 @@ impl PartitionLog {
                 let seg = st.segments.last().expect("active segment");
                 (st.log_end_offset, seg.file.clone(), seg.path.clone())
             };
-            let result = file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &path, e));
+            let result = file
+                .fdatasync()
+                .await
+                .map_err(|e| StorageError::io("fsyncing segment", &path, e));
             let mut fl = self.flush.borrow_mut();
             if result.is_ok() {
                 fl.durable_end = fl.durable_end.max(target);
@@ -344,12 +432,23 @@ impl PartitionLog {
             let st = self.state.borrow();
             let (hw, start) = (st.log_end_offset, st.log_start_offset);
             if offset < start || offset > hw {
-                return Err(StorageError::OffsetOutOfRange { offset, log_start: start, log_end: hw });
+                return Err(StorageError::OffsetOutOfRange {
+                    offset,
+                    log_start: start,
+                    log_end: hw,
+                });
             }
             if offset == hw {
-                return Ok(ReadOutcome { records: Bytes::new(), high_watermark: hw, log_start_offset: start });
+                return Ok(ReadOutcome {
+                    records: Bytes::new(),
+                    high_watermark: hw,
+                    log_start_offset: start,
+                });
             }
-            let si = st.segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1);
+            let si = st
+                .segments
+                .partition_point(|s| s.base_offset <= offset)
+                .saturating_sub(1);
             let mut found = None;
             for seg in &st.segments[si..] {
                 let entries = seg.index.entries();
@@ -360,7 +459,11 @@ impl PartitionLog {
                 }
             }
             let Some((seg, i)) = found else {
-                return Ok(ReadOutcome { records: Bytes::new(), high_watermark: hw, log_start_offset: start });
+                return Ok(ReadOutcome {
+                    records: Bytes::new(),
+                    high_watermark: hw,
+                    log_start_offset: start,
+                });
             };
             let entries = seg.index.entries();
             let first = entries[i];
@@ -371,13 +474,31 @@ impl PartitionLog {
                 }
                 end = e.end_position();
             }
-            (seg.file.clone(), seg.path.clone(), first.position, (end - first.position) as usize, hw, start)
+            (
+                seg.file.clone(),
+                seg.path.clone(),
+                first.position,
+                (end - first.position) as usize,
+                hw,
+                start,
+            )
         };
-        let data = file.read_at(position, len).await.map_err(|e| StorageError::io("reading segment", &path, e))?;
+        let data = file
+            .read_at(position, len)
+            .await
+            .map_err(|e| StorageError::io("reading segment", &path, e))?;
         if data.len() != len {
-            return Err(StorageError::io("reading segment", &path, format!("short read: {} of {len} bytes", data.len())));
+            return Err(StorageError::io(
+                "reading segment",
+                &path,
+                format!("short read: {} of {len} bytes", data.len()),
+            ));
         }
-        Ok(ReadOutcome { records: Bytes::copy_from_slice(&data), high_watermark: hw, log_start_offset: start })
+        Ok(ReadOutcome {
+            records: Bytes::copy_from_slice(&data),
+            high_watermark: hw,
+            log_start_offset: start,
+        })
     }
 
     /// Waits until the log end offset passes `offset` or `timeout` elapses.
@@ -387,7 +508,15 @@ impl PartitionLog {
         }
         let (tx, rx) = futures::channel::oneshot::channel();
         self.data_waiters.borrow_mut().push(tx);
-        future::or(async { let _ = rx.await; }, async { glommio::timer::sleep(timeout).await; }).await;
+        future::or(
+            async {
+                let _ = rx.await;
+            },
+            async {
+                glommio::timer::sleep(timeout).await;
+            },
+        )
+        .await;
     }
 
     /// The first batch whose max timestamp is at or after `timestamp` (batch granularity, as
@@ -398,7 +527,11 @@ impl PartitionLog {
             if let Some(i) = seg.index.find_timestamp(timestamp) {
                 let e = seg.index.entries()[i];
                 let offset = e.base_offset.max(st.log_start_offset);
-                return Some(TimestampLookup { offset, timestamp: e.max_timestamp, leader_epoch: e.leader_epoch });
+                return Some(TimestampLookup {
+                    offset,
+                    timestamp: e.max_timestamp,
+                    leader_epoch: e.leader_epoch,
+                });
             }
         }
         None
@@ -412,7 +545,11 @@ impl PartitionLog {
             .iter()
             .filter_map(|s| s.index.max_timestamp().copied())
             .max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
-            .map(|e| TimestampLookup { offset: e.last_offset, timestamp: e.max_timestamp, leader_epoch: e.leader_epoch })
+            .map(|e| TimestampLookup {
+                offset: e.last_offset,
+                timestamp: e.max_timestamp,
+                leader_epoch: e.leader_epoch,
+            })
     }
 
     /// OffsetForLeaderEpoch: the largest epoch ≤ `epoch` present in the log and the offset where
@@ -443,11 +580,19 @@ impl PartitionLog {
     /// DeleteRecords: moves the log start offset up to `offset` (never down, never past the
     /// high watermark) and drops segments wholly below it. Returns the new log start offset.
     pub async fn delete_records_before(&self, offset: i64) -> Result<i64, StorageError> {
-        let _permit = self.write_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        let _permit = self
+            .write_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
         let (new_start, removed, epoch) = {
             let mut st = self.state.borrow_mut();
             if offset > st.log_end_offset || offset < 0 {
-                return Err(StorageError::OffsetOutOfRange { offset, log_start: st.log_start_offset, log_end: st.log_end_offset });
+                return Err(StorageError::OffsetOutOfRange {
+                    offset,
+                    log_start: st.log_start_offset,
+                    log_end: st.log_end_offset,
+                });
             }
             let new_start = offset.max(st.log_start_offset);
             st.log_start_offset = new_start;
@@ -457,7 +602,12 @@ impl PartitionLog {
             }
             (new_start, removed, st.epoch)
         };
-        Manifest { leader_epoch: epoch, log_start_offset: new_start, clean_end_offset: None }.store(&self.dir)?;
+        Manifest {
+            leader_epoch: epoch,
+            log_start_offset: new_start,
+            clean_end_offset: None,
+        }
+        .store(&self.dir)?;
         for seg in removed {
             // The manifest already says these offsets are gone; unlinking is safe after it.
             let _ = std::fs::remove_file(&seg.path);
@@ -467,7 +617,11 @@ impl PartitionLog {
 
     /// Flushes and records a clean shutdown. Later appends fail with [`StorageError::Closed`].
     pub async fn close(&self) -> Result<(), StorageError> {
-        let _permit = self.write_lock.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        let _permit = self
+            .write_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
         if self.closed.replace(true) {
             return Ok(());
         }
@@ -477,10 +631,16 @@ impl PartitionLog {
             (
                 seg.file.clone(),
                 seg.path.clone(),
-                Manifest { leader_epoch: st.epoch, log_start_offset: st.log_start_offset, clean_end_offset: Some(st.log_end_offset) },
+                Manifest {
+                    leader_epoch: st.epoch,
+                    log_start_offset: st.log_start_offset,
+                    clean_end_offset: Some(st.log_end_offset),
+                },
             )
         };
-        file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
+        file.fdatasync()
+            .await
+            .map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
         m.store(&self.dir)
     }
 
@@ -488,6 +648,7 @@ impl PartitionLog {
     pub async fn remove(&self) -> Result<(), StorageError> {
         self.closed.set(true);
         self.write_lock.close();
-        std::fs::remove_dir_all(&self.dir).map_err(|e| StorageError::io("removing partition directory", &self.dir, e))
+        std::fs::remove_dir_all(&self.dir)
+            .map_err(|e| StorageError::io("removing partition directory", &self.dir, e))
     }
 }

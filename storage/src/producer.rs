@@ -60,21 +60,44 @@ impl ProducerStateTable {
             return Ok(ProducerCheck::Write);
         };
         if h.producer_epoch < entry.epoch {
-            return Err(StorageError::InvalidProducerEpoch { producer_id: h.producer_id, got: h.producer_epoch, current: entry.epoch });
+            return Err(StorageError::InvalidProducerEpoch {
+                producer_id: h.producer_id,
+                got: h.producer_epoch,
+                current: entry.epoch,
+            });
         }
         if h.producer_epoch > entry.epoch {
             if h.base_sequence != 0 {
-                return Err(StorageError::OutOfOrderSequence { producer_id: h.producer_id, got: h.base_sequence, expected: 0 });
+                return Err(StorageError::OutOfOrderSequence {
+                    producer_id: h.producer_id,
+                    got: h.base_sequence,
+                    expected: 0,
+                });
             }
             return Ok(ProducerCheck::Write);
         }
         let last_seq = h.last_sequence();
-        if let Some(dup) = entry.batches.iter().find(|b| b.first_sequence == h.base_sequence && b.last_sequence == last_seq) {
-            return Ok(ProducerCheck::Duplicate { base_offset: dup.base_offset, last_offset: dup.last_offset });
+        if let Some(dup) = entry
+            .batches
+            .iter()
+            .find(|b| b.first_sequence == h.base_sequence && b.last_sequence == last_seq)
+        {
+            return Ok(ProducerCheck::Duplicate {
+                base_offset: dup.base_offset,
+                last_offset: dup.last_offset,
+            });
         }
-        let expected = entry.batches.back().map(|b| next_sequence(b.last_sequence)).unwrap_or(h.base_sequence);
+        let expected = entry
+            .batches
+            .back()
+            .map(|b| next_sequence(b.last_sequence))
+            .unwrap_or(h.base_sequence);
         if h.base_sequence != expected {
-            return Err(StorageError::OutOfOrderSequence { producer_id: h.producer_id, got: h.base_sequence, expected });
+            return Err(StorageError::OutOfOrderSequence {
+                producer_id: h.producer_id,
+                got: h.base_sequence,
+                expected,
+            });
         }
         Ok(ProducerCheck::Write)
     }
@@ -107,8 +130,17 @@ mod tests {
     use kaas_wire::batch::{build_batch, peek_header, BatchSpec};
 
     fn header(pid: i64, epoch: i16, seq: i32, n: usize) -> BatchHeader {
-        let recs: Vec<(Option<&[u8]>, Option<&[u8]>)> = (0..n).map(|_| (None, Some(&b"v"[..]))).collect();
-        let b = build_batch(BatchSpec { producer_id: pid, producer_epoch: epoch, base_sequence: seq, ..Default::default() }, &recs);
+        let recs: Vec<kaas_wire::batch::RecordKv> =
+            (0..n).map(|_| (None, Some(&b"v"[..]))).collect();
+        let b = build_batch(
+            BatchSpec {
+                producer_id: pid,
+                producer_epoch: epoch,
+                base_sequence: seq,
+                ..Default::default()
+            },
+            &recs,
+        );
         peek_header(&b).unwrap()
     }
 
@@ -125,10 +157,22 @@ mod tests {
             off += 2;
         }
         // seq 12..13 was written at offset 12; it is among the last five.
-        assert_eq!(t.check(&header(1, 0, 12, 2)).unwrap(), ProducerCheck::Duplicate { base_offset: 12, last_offset: 13 });
+        assert_eq!(
+            t.check(&header(1, 0, 12, 2)).unwrap(),
+            ProducerCheck::Duplicate {
+                base_offset: 12,
+                last_offset: 13
+            }
+        );
         // seq 0..1 has aged out of the window and is not next: out of order.
-        assert!(matches!(t.check(&header(1, 0, 0, 2)), Err(StorageError::OutOfOrderSequence { .. })));
-        assert!(matches!(t.check(&header(1, 0, 20, 1)), Err(StorageError::OutOfOrderSequence { expected: 14, .. })));
+        assert!(matches!(
+            t.check(&header(1, 0, 0, 2)),
+            Err(StorageError::OutOfOrderSequence { .. })
+        ));
+        assert!(matches!(
+            t.check(&header(1, 0, 20, 1)),
+            Err(StorageError::OutOfOrderSequence { expected: 14, .. })
+        ));
         assert_eq!(t.check(&header(1, 0, 14, 1)).unwrap(), ProducerCheck::Write);
     }
 
@@ -138,8 +182,14 @@ mod tests {
         let mut t = ProducerStateTable::default();
         let h = header(9, 3, 0, 1);
         t.record(&h, 0);
-        assert!(matches!(t.check(&header(9, 2, 1, 1)), Err(StorageError::InvalidProducerEpoch { .. })));
-        assert!(matches!(t.check(&header(9, 4, 5, 1)), Err(StorageError::OutOfOrderSequence { .. })));
+        assert!(matches!(
+            t.check(&header(9, 2, 1, 1)),
+            Err(StorageError::InvalidProducerEpoch { .. })
+        ));
+        assert!(matches!(
+            t.check(&header(9, 4, 5, 1)),
+            Err(StorageError::OutOfOrderSequence { .. })
+        ));
         assert_eq!(t.check(&header(9, 4, 0, 1)).unwrap(), ProducerCheck::Write);
     }
 }

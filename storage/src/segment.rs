@@ -52,21 +52,37 @@ impl Segment {
             .map_err(|e| StorageError::io("creating segment", &path, e))?;
         // The new name must survive a crash before anything in the file is acknowledged.
         sync_dir(dir)?;
-        Ok(Segment { base_offset, epoch, path, file: Rc::new(file), size: 0, index: BatchIndex::default(), opened_at: Instant::now() })
+        Ok(Segment {
+            base_offset,
+            epoch,
+            path,
+            file: Rc::new(file),
+            size: 0,
+            index: BatchIndex::default(),
+            opened_at: Instant::now(),
+        })
     }
 
     /// Opens an existing segment, rebuilding its index and the producer state from its batches,
     /// verifying each batch's length, magic and CRC-32C. The file is truncated at the first byte
     /// that is not part of a valid batch (a torn write from a crash), and `truncated` tells
     /// whether that happened.
-    pub async fn open_and_recover(path: PathBuf, base_offset: i64, epoch: i32, producers: &mut ProducerStateTable) -> Result<(Segment, bool), StorageError> {
+    pub async fn open_and_recover(
+        path: PathBuf,
+        base_offset: i64,
+        epoch: i32,
+        producers: &mut ProducerStateTable,
+    ) -> Result<(Segment, bool), StorageError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .buffered_open(&path)
             .await
             .map_err(|e| StorageError::io("opening segment", &path, e))?;
-        let file_len = file.file_size().await.map_err(|e| StorageError::io("sizing segment", &path, e))?;
+        let file_len = file
+            .file_size()
+            .await
+            .map_err(|e| StorageError::io("sizing segment", &path, e))?;
         let mut index = BatchIndex::default();
         let mut next_offset = base_offset;
         let mut pos: u64 = 0;
@@ -94,12 +110,17 @@ impl Segment {
                     &rest[..total]
                 } else if at == 0 {
                     // A single batch larger than a chunk: read exactly it.
-                    whole = file.read_at(pos, total).await.map_err(|e| StorageError::io("reading segment", &path, e))?;
+                    whole = file
+                        .read_at(pos, total)
+                        .await
+                        .map_err(|e| StorageError::io("reading segment", &path, e))?;
                     &whole
                 } else {
                     break; // the batch continues past this chunk: read on from its start
                 };
-                let Ok(h) = batch::verify_batch(bytes) else { break 'scan };
+                let Ok(h) = batch::verify_batch(bytes) else {
+                    break 'scan;
+                };
                 if h.base_offset < next_offset {
                     break 'scan; // offsets only grow; anything else is garbage
                 }
@@ -124,22 +145,41 @@ impl Segment {
         let truncated = valid < file_len;
         if truncated {
             tracing::warn!(path = %path.display(), valid_bytes = valid, file_bytes = file_len, "truncating torn or corrupt tail of segment");
-            file.truncate(valid).await.map_err(|e| StorageError::io("truncating segment", &path, e))?;
-            file.fdatasync().await.map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
+            file.truncate(valid)
+                .await
+                .map_err(|e| StorageError::io("truncating segment", &path, e))?;
+            file.fdatasync()
+                .await
+                .map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
         }
-        Ok((Segment { base_offset, epoch, path, file: Rc::new(file), size: valid, index, opened_at: Instant::now() }, truncated))
+        Ok((
+            Segment {
+                base_offset,
+                epoch,
+                path,
+                file: Rc::new(file),
+                size: valid,
+                index,
+                opened_at: Instant::now(),
+            },
+            truncated,
+        ))
     }
 
     /// The offset after the last batch in this segment (its base offset when empty).
     pub fn next_offset(&self) -> i64 {
-        self.index.last().map(|e| e.last_offset + 1).unwrap_or(self.base_offset)
+        self.index
+            .last()
+            .map(|e| e.last_offset + 1)
+            .unwrap_or(self.base_offset)
     }
 }
 
 /// fsync a directory so that entries created or renamed in it survive a crash.
 pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     let d = std::fs::File::open(dir).map_err(|e| StorageError::io("opening directory", dir, e))?;
-    d.sync_all().map_err(|e| StorageError::io("fsyncing directory", dir, e))
+    d.sync_all()
+        .map_err(|e| StorageError::io("fsyncing directory", dir, e))
 }
 
 #[cfg(test)]

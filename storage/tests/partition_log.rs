@@ -7,11 +7,15 @@ use kaas_storage::{AppendOutcome, LeaderEpoch, LogConfig, PartitionLog};
 use kaas_wire::batch::{build_batch, verify_produced_record_set, BatchSpec};
 
 fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
-    LocalExecutorBuilder::default().spawn(move || async move { f().await }).unwrap().join().unwrap();
+    LocalExecutorBuilder::default()
+        .spawn(move || async move { f().await })
+        .unwrap()
+        .join()
+        .unwrap();
 }
 
 fn batch(spec: BatchSpec, values: &[&[u8]]) -> Vec<u8> {
-    let recs: Vec<(Option<&[u8]>, Option<&[u8]>)> = values.iter().map(|v| (None, Some(*v))).collect();
+    let recs: Vec<kaas_wire::batch::RecordKv> = values.iter().map(|v| (None, Some(*v))).collect();
     build_batch(spec, &recs)
 }
 
@@ -28,18 +32,34 @@ fn append_read_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0)).await.unwrap();
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
         let a = append(&log, &batch(BatchSpec::default(), &[b"a", b"b"])).await;
         let b = append(&log, &batch(BatchSpec::default(), &[b"c"])).await;
-        assert_eq!(a, AppendOutcome::Appended { base_offset: 0, last_offset: 1 });
-        assert_eq!(b, AppendOutcome::Appended { base_offset: 2, last_offset: 2 });
+        assert_eq!(
+            a,
+            AppendOutcome::Appended {
+                base_offset: 0,
+                last_offset: 1
+            }
+        );
+        assert_eq!(
+            b,
+            AppendOutcome::Appended {
+                base_offset: 2,
+                last_offset: 2
+            }
+        );
         let r = log.read(2, 1 << 20).await.unwrap();
         let hs = verify_produced_record_set(&r.records).unwrap();
         assert_eq!(hs[0].base_offset, 2);
         assert_eq!(r.high_watermark, 3);
         log.close().await.unwrap();
         drop(log);
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0)).await.unwrap();
+        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
         assert_eq!(log.log_end_offset(), 3);
         let r = log.read(0, 1 << 20).await.unwrap();
         assert_eq!(verify_produced_record_set(&r.records).unwrap().len(), 2);
@@ -53,19 +73,27 @@ fn torn_tail_is_truncated() {
     let path = dir.path().join("t-0");
     let p2 = path.clone();
     run(move || async move {
-        let log = PartitionLog::open(p2, LogConfig::default(), LeaderEpoch(0)).await.unwrap();
+        let log = PartitionLog::open(p2, LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
         append(&log, &batch(BatchSpec::default(), &[b"one"])).await;
         append(&log, &batch(BatchSpec::default(), &[b"two"])).await;
         log.close().await.unwrap();
     });
-    let seg = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "log")).unwrap();
+    let seg = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .unwrap();
     let good = std::fs::metadata(&seg).unwrap().len();
     let half = &batch(BatchSpec::default(), &[b"three-three-three"])[..30];
     let mut f = std::fs::OpenOptions::new().append(true).open(&seg).unwrap();
     std::io::Write::write_all(&mut f, half).unwrap();
     drop(f);
     run(move || async move {
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0)).await.unwrap();
+        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
         assert_eq!(log.log_end_offset(), 2);
         let out = append(&log, &batch(BatchSpec::default(), &[b"four"])).await;
         assert_eq!(out.base_offset(), 2);
@@ -81,12 +109,25 @@ fn idempotent_retry() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0)).await.unwrap();
-        let spec = BatchSpec { producer_id: 5, producer_epoch: 0, base_sequence: 0, ..Default::default() };
+        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        let spec = BatchSpec {
+            producer_id: 5,
+            producer_epoch: 0,
+            base_sequence: 0,
+            ..Default::default()
+        };
         let b = batch(spec, &[b"x", b"y"]);
         let first = append(&log, &b).await;
         let again = append(&log, &b).await;
-        assert_eq!(again, AppendOutcome::Duplicate { base_offset: 0, last_offset: 1 });
+        assert_eq!(
+            again,
+            AppendOutcome::Duplicate {
+                base_offset: 0,
+                last_offset: 1
+            }
+        );
         assert_eq!(first.base_offset(), 0);
         assert_eq!(log.log_end_offset(), 2);
     });
@@ -99,12 +140,26 @@ fn roll_and_delete_records() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let cfg = LogConfig { segment_bytes: 200, ..LogConfig::default() };
-        let log = PartitionLog::open(path.clone(), cfg, LeaderEpoch(0)).await.unwrap();
+        let cfg = LogConfig {
+            segment_bytes: 200,
+            ..LogConfig::default()
+        };
+        let log = PartitionLog::open(path.clone(), cfg, LeaderEpoch(0))
+            .await
+            .unwrap();
         for i in 0..20u8 {
             append(&log, &batch(BatchSpec::default(), &[&[i; 50]])).await;
         }
-        let segs = std::fs::read_dir(&path).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log")).count();
+        let segs = std::fs::read_dir(&path)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "log")
+            })
+            .count();
         assert!(segs >= 10, "expected many segments, got {segs}");
         let mut off = 0;
         while off < 20 {

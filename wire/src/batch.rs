@@ -101,12 +101,19 @@ fn i64_at(b: &[u8], at: usize) -> i64 {
 /// present and that `batch_length` fits in what remains. CRC and magic are not checked.
 pub fn peek_header(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
     if bytes.len() < BATCH_HEADER_LEN {
-        return Err(BatchError::Truncated { have: bytes.len(), need: BATCH_HEADER_LEN });
+        return Err(BatchError::Truncated {
+            have: bytes.len(),
+            need: BATCH_HEADER_LEN,
+        });
     }
     let batch_length = i32_at(bytes, 8);
     let remaining = bytes.len() - LOG_OVERHEAD;
-    if batch_length < (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32 || batch_length as usize > remaining {
-        return Err(BatchError::BadLength { len: batch_length, remaining });
+    if batch_length < (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32 || batch_length as usize > remaining
+    {
+        return Err(BatchError::BadLength {
+            len: batch_length,
+            remaining,
+        });
     }
     Ok(BatchHeader {
         base_offset: i64_at(bytes, 0),
@@ -134,7 +141,10 @@ pub fn verify_batch(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
     }
     let computed = crc32c::crc32c(&bytes[ATTRIBUTES_OFFSET..h.total_len()]);
     if computed != h.crc {
-        return Err(BatchError::BadCrc { stored: h.crc, computed });
+        return Err(BatchError::BadCrc {
+            stored: h.crc,
+            computed,
+        });
     }
     Ok(h)
 }
@@ -144,7 +154,10 @@ pub fn verify_batch(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
 pub fn verify_produced_batch(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
     let h = verify_batch(bytes)?;
     if h.record_count < 1 || h.last_offset_delta != h.record_count - 1 {
-        return Err(BatchError::BadCount { count: h.record_count, last_offset_delta: h.last_offset_delta });
+        return Err(BatchError::BadCount {
+            count: h.record_count,
+            last_offset_delta: h.last_offset_delta,
+        });
     }
     Ok(h)
 }
@@ -197,7 +210,14 @@ pub struct BatchSpec {
 
 impl Default for BatchSpec {
     fn default() -> Self {
-        BatchSpec { base_offset: 0, producer_id: -1, producer_epoch: -1, base_sequence: -1, timestamp: 0, attributes: 0 }
+        BatchSpec {
+            base_offset: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            base_sequence: -1,
+            timestamp: 0,
+            attributes: 0,
+        }
     }
 }
 
@@ -213,9 +233,12 @@ fn put_varint(out: &mut Vec<u8>, v: i64) {
     }
 }
 
+/// One record for [`build_batch`]: optional key, optional value (None is a tombstone).
+pub type RecordKv<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
 /// Builds an uncompressed magic-2 batch of `(key, value)` records with a valid CRC. For tests,
 /// tools and the benchmark; the broker itself never builds batches from records.
-pub fn build_batch(spec: BatchSpec, records: &[(Option<&[u8]>, Option<&[u8]>)]) -> Vec<u8> {
+pub fn build_batch(spec: BatchSpec, records: &[RecordKv<'_>]) -> Vec<u8> {
     let mut body = Vec::new();
     for (i, (key, value)) in records.iter().enumerate() {
         let mut rec = Vec::new();
@@ -268,7 +291,14 @@ mod tests {
     // A batch we build verifies, and its header reads back what we put in.
     #[test]
     fn build_then_verify() {
-        let spec = BatchSpec { base_offset: 7, producer_id: 42, producer_epoch: 1, base_sequence: 5, timestamp: 1000, attributes: 0 };
+        let spec = BatchSpec {
+            base_offset: 7,
+            producer_id: 42,
+            producer_epoch: 1,
+            base_sequence: 5,
+            timestamp: 1000,
+            attributes: 0,
+        };
         let b = build_batch(spec, &[(Some(b"k"), Some(b"v1")), (None, Some(b"v2"))]);
         let h = verify_produced_batch(&b).unwrap();
         assert_eq!(h.base_offset, 7);
@@ -311,7 +341,10 @@ mod tests {
     #[test]
     fn record_sets() {
         let a = build_batch(BatchSpec::default(), &[(None, Some(b"a"))]);
-        let c = build_batch(BatchSpec::default(), &[(None, Some(b"b")), (None, Some(b"c"))]);
+        let c = build_batch(
+            BatchSpec::default(),
+            &[(None, Some(b"b")), (None, Some(b"c"))],
+        );
         let mut set = a.clone();
         set.extend_from_slice(&c);
         let hs = verify_produced_record_set(&set).unwrap();

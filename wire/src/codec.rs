@@ -54,7 +54,9 @@ pub fn peek_header(frame: &[u8]) -> Result<HeaderPeek, WireError> {
 /// zero-copy slices of `frame`.
 pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
     let peek = peek_header(&frame)?;
-    let api_key = ApiKey::try_from(peek.api_key).map_err(|_| WireError::UnknownApiKey { api_key: peek.api_key })?;
+    let api_key = ApiKey::try_from(peek.api_key).map_err(|_| WireError::UnknownApiKey {
+        api_key: peek.api_key,
+    })?;
     if !versions::is_supported(api_key, peek.api_version) {
         return Err(WireError::UnsupportedVersion {
             api_key: peek.api_key,
@@ -62,7 +64,11 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
             correlation_id: peek.correlation_id,
         });
     }
-    let malformed = |reason: String| WireError::Malformed { api_key: peek.api_key, version: peek.api_version, reason };
+    let malformed = |reason: String| WireError::Malformed {
+        api_key: peek.api_key,
+        version: peek.api_version,
+        reason,
+    };
     let decoded = std::panic::catch_unwind(move || {
         let mut buf = frame;
         let header_version = api_key.request_header_version(peek.api_version);
@@ -71,21 +77,37 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
         Ok::<_, anyhow::Error>((header, body))
     });
     match decoded {
-        Ok(Ok((header, body))) => Ok(Request { header, api_key, body }),
+        Ok(Ok((header, body))) => Ok(Request {
+            header,
+            api_key,
+            body,
+        }),
         Ok(Err(e)) => Err(malformed(e.to_string())),
         Err(_) => Err(malformed("decoder panicked".into())),
     }
 }
 
 /// Encodes a whole response frame: length prefix, response header, body.
-pub fn encode_response(correlation_id: i32, api_key: ApiKey, version: i16, body: &ResponseKind) -> Result<Bytes, WireError> {
+pub fn encode_response(
+    correlation_id: i32,
+    api_key: ApiKey,
+    version: i16,
+    body: &ResponseKind,
+) -> Result<Bytes, WireError> {
     let header_version = api_key.response_header_version(version);
     let mut out = BytesMut::with_capacity(64);
     out.put_i32(0);
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    let fail = |e: String| WireError::Malformed { api_key: api_key as i16, version, reason: format!("encoding response: {e}") };
-    header.encode(&mut out, header_version).map_err(|e| fail(e.to_string()))?;
-    body.encode(&mut out, version).map_err(|e| fail(e.to_string()))?;
+    let fail = |e: String| WireError::Malformed {
+        api_key: api_key as i16,
+        version,
+        reason: format!("encoding response: {e}"),
+    };
+    header
+        .encode(&mut out, header_version)
+        .map_err(|e| fail(e.to_string()))?;
+    body.encode(&mut out, version)
+        .map_err(|e| fail(e.to_string()))?;
     let len = (out.len() - 4) as i32;
     out[0..4].copy_from_slice(&len.to_be_bytes());
     Ok(out.freeze())
@@ -94,21 +116,37 @@ pub fn encode_response(correlation_id: i32, api_key: ApiKey, version: i16, body:
 /// The answer to an ApiVersions request of a version newer than we know (KIP-511): error
 /// UNSUPPORTED_VERSION and our ranges, in a v0 body with a v0 header, which every client reads.
 pub fn unsupported_api_versions_response(correlation_id: i32) -> Bytes {
-    let body = versions::api_versions_response(kafka_protocol::ResponseError::UnsupportedVersion.code());
-    encode_response(correlation_id, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body))
-        .expect("a v0 ApiVersions response always encodes")
+    let body =
+        versions::api_versions_response(kafka_protocol::ResponseError::UnsupportedVersion.code());
+    encode_response(
+        correlation_id,
+        ApiKey::ApiVersions,
+        0,
+        &ResponseKind::ApiVersions(body),
+    )
+    .expect("a v0 ApiVersions response always encodes")
 }
 
 /// Encodes a request frame (for clients, tests and the benchmark).
 #[cfg(feature = "client")]
 pub fn encode_request(header: &RequestHeader, body: &RequestKind) -> Result<Bytes, WireError> {
-    let api_key = ApiKey::try_from(header.request_api_key).map_err(|_| WireError::UnknownApiKey { api_key: header.request_api_key })?;
+    let api_key =
+        ApiKey::try_from(header.request_api_key).map_err(|_| WireError::UnknownApiKey {
+            api_key: header.request_api_key,
+        })?;
     let version = header.request_api_version;
-    let fail = |e: String| WireError::Malformed { api_key: api_key as i16, version, reason: format!("encoding request: {e}") };
+    let fail = |e: String| WireError::Malformed {
+        api_key: api_key as i16,
+        version,
+        reason: format!("encoding request: {e}"),
+    };
     let mut out = BytesMut::with_capacity(64);
     out.put_i32(0);
-    header.encode(&mut out, api_key.request_header_version(version)).map_err(|e| fail(e.to_string()))?;
-    body.encode(&mut out, version).map_err(|e| fail(e.to_string()))?;
+    header
+        .encode(&mut out, api_key.request_header_version(version))
+        .map_err(|e| fail(e.to_string()))?;
+    body.encode(&mut out, version)
+        .map_err(|e| fail(e.to_string()))?;
     let len = (out.len() - 4) as i32;
     out[0..4].copy_from_slice(&len.to_be_bytes());
     Ok(out.freeze())

@@ -14,9 +14,17 @@ pub enum WireError {
     #[error("unknown API key {api_key}")]
     UnknownApiKey { api_key: i16 },
     #[error("API key {api_key} version {version} is not supported")]
-    UnsupportedVersion { api_key: i16, version: i16, correlation_id: i32 },
+    UnsupportedVersion {
+        api_key: i16,
+        version: i16,
+        correlation_id: i32,
+    },
     #[error("malformed request (API key {api_key} v{version}): {reason}")]
-    Malformed { api_key: i16, version: i16, reason: String },
+    Malformed {
+        api_key: i16,
+        version: i16,
+        reason: String,
+    },
     #[error("record batch: {0}")]
     Batch(#[from] BatchError),
 }

@@ -30,7 +30,10 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
 
 /// The version range we serve for `api_key`, or `None` when we do not serve it at all.
 pub fn supported_range(api_key: ApiKey) -> Option<(i16, i16)> {
-    SUPPORTED_APIS.iter().find(|(k, _, _)| *k == api_key).map(|(_, lo, hi)| (*lo, *hi))
+    SUPPORTED_APIS
+        .iter()
+        .find(|(k, _, _)| *k == api_key)
+        .map(|(_, lo, hi)| (*lo, *hi))
 }
 
 /// Whether we serve `api_key` at `version`.
@@ -42,9 +45,16 @@ pub fn is_supported(api_key: ApiKey, version: i16) -> bool {
 pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
     let api_keys = SUPPORTED_APIS
         .iter()
-        .map(|(k, lo, hi)| ApiVersion::default().with_api_key(*k as i16).with_min_version(*lo).with_max_version(*hi))
+        .map(|(k, lo, hi)| {
+            ApiVersion::default()
+                .with_api_key(*k as i16)
+                .with_min_version(*lo)
+                .with_max_version(*hi)
+        })
         .collect();
-    ApiVersionsResponse::default().with_error_code(error_code).with_api_keys(api_keys)
+    ApiVersionsResponse::default()
+        .with_error_code(error_code)
+        .with_api_keys(api_keys)
 }
 
 #[cfg(test)]
@@ -75,9 +85,13 @@ mod tests {
                 ApiKey::CreatePartitions => within::<CreatePartitionsRequest>(*lo, *hi),
                 ApiKey::DeleteRecords => within::<DeleteRecordsRequest>(*lo, *hi),
                 ApiKey::OffsetForLeaderEpoch => within::<OffsetForLeaderEpochRequest>(*lo, *hi),
-                ApiKey::IncrementalAlterConfigs => within::<IncrementalAlterConfigsRequest>(*lo, *hi),
+                ApiKey::IncrementalAlterConfigs => {
+                    within::<IncrementalAlterConfigsRequest>(*lo, *hi)
+                }
                 ApiKey::DescribeCluster => within::<DescribeClusterRequest>(*lo, *hi),
-                ApiKey::DescribeTopicPartitions => within::<DescribeTopicPartitionsRequest>(*lo, *hi),
+                ApiKey::DescribeTopicPartitions => {
+                    within::<DescribeTopicPartitionsRequest>(*lo, *hi)
+                }
                 _ => false,
             };
             assert!(ok, "{k:?} {lo}..={hi} outside the codec's range");

@@ -1,0 +1,381 @@
+//! The topic catalog: names, IDs, partition counts and config overrides of every topic.
+//!
+//! Shared by all shards. Reads are lock-free (`ArcSwap` snapshot, RCU style): the hot path
+//! loads a snapshot and never blocks. Changes (admin requests only) are serialized by a mutex,
+//! persisted with tmp + fsync + rename, and then published as a new snapshot. Partition data
+//! lives in `<data>/<topic>~<topic id>/<partition>/`, so a topic deleted and created again
+//! under the same name can never see the old data.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use uuid::Uuid;
+
+use crate::topic_config;
+
+/// One topic.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicMeta {
+    pub name: String,
+    pub id: Uuid,
+    pub partitions: i32,
+    #[serde(default)]
+    pub configs: BTreeMap<String, String>,
+}
+
+impl TopicMeta {
+    /// The directory holding partition `partition`'s log.
+    pub fn partition_dir(&self, data_dir: &Path, partition: i32) -> PathBuf {
+        data_dir
+            .join(topic_dir_name(&self.name, self.id))
+            .join(partition.to_string())
+    }
+}
+
+pub fn topic_dir_name(name: &str, id: Uuid) -> String {
+    format!("{name}~{}", id.simple())
+}
+
+/// A snapshot of all topics.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TopicTable {
+    pub topics: BTreeMap<String, Arc<TopicMeta>>,
+}
+
+impl TopicTable {
+    pub fn get(&self, name: &str) -> Option<&Arc<TopicMeta>> {
+        self.topics.get(name)
+    }
+    pub fn by_id(&self, id: Uuid) -> Option<&Arc<TopicMeta>> {
+        self.topics.values().find(|t| t.id == id)
+    }
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CatalogError {
+    #[error("Topic '{0}' already exists.")]
+    TopicExists(String),
+    #[error("Topic '{0}' does not exist.")]
+    UnknownTopic(String),
+    #[error("{0}")]
+    InvalidTopicName(String),
+    #[error("{0}")]
+    InvalidPartitions(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error("{0}")]
+    InvalidConfig(String),
+    #[error("storing the catalog in {path}: {detail}")]
+    Storage { path: PathBuf, detail: String },
+}
+
+/// Kafka's topic name rules: 1..=249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic_name(name: &str) -> Result<(), CatalogError> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(CatalogError::InvalidTopicName(format!(
+            "Topic name '{name}' is illegal"
+        )));
+    }
+    if name.len() > 249 {
+        return Err(CatalogError::InvalidTopicName(format!(
+            "Topic name is longer than 249 characters: {}",
+            name.len()
+        )));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(CatalogError::InvalidTopicName(format!("Topic name '{name}' contains characters other than ASCII alphanumerics, '.', '_' and '-'")));
+    }
+    Ok(())
+}
+
+/// Upper bound on partitions per topic, so a typo cannot create a million directories.
+pub const MAX_PARTITIONS_PER_TOPIC: i32 = 100_000;
+
+/// Producer ids are handed out from blocks reserved on disk, so ids stay unique across restarts
+/// without an fsync per InitProducerId.
+const PRODUCER_ID_BLOCK: i64 = 1000;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ClusterMeta {
+    cluster_id: String,
+    #[serde(default)]
+    producer_id_limit: i64,
+}
+
+pub struct Catalog {
+    dir: PathBuf,
+    table: ArcSwap<TopicTable>,
+    admin: Mutex<ClusterMeta>,
+    next_producer_id: AtomicI64,
+    cluster_id: String,
+}
+
+fn store_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CatalogError> {
+    let bytes = serde_json::to_vec_pretty(value).expect("catalog serializes");
+    kaas_storage::write_atomically(path, &bytes).map_err(|e| CatalogError::Storage {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+impl Catalog {
+    /// Loads (or initialises) the catalog under `<data_dir>/__meta/`.
+    pub fn open(data_dir: &Path) -> Result<Catalog, CatalogError> {
+        let dir = data_dir.join("__meta");
+        let err = |p: &Path, e: &dyn std::fmt::Display| CatalogError::Storage {
+            path: p.to_path_buf(),
+            detail: e.to_string(),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, &e))?;
+        let topics_path = dir.join("topics.json");
+        let table: TopicTable = match std::fs::read(&topics_path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(&topics_path, &e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => TopicTable::default(),
+            Err(e) => return Err(err(&topics_path, &e)),
+        };
+        let cluster_path = dir.join("cluster.json");
+        let mut meta: ClusterMeta = match std::fs::read(&cluster_path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(&cluster_path, &e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ClusterMeta {
+                cluster_id: base64_uuid(Uuid::new_v4()),
+                producer_id_limit: 0,
+            },
+            Err(e) => return Err(err(&cluster_path, &e)),
+        };
+        // Everything below the stored limit may have been handed out before a crash.
+        let next = meta.producer_id_limit;
+        meta.producer_id_limit = next + PRODUCER_ID_BLOCK;
+        store_json(&cluster_path, &meta)?;
+        let cluster_id = meta.cluster_id.clone();
+        Ok(Catalog {
+            dir,
+            table: ArcSwap::from_pointee(table),
+            admin: Mutex::new(meta),
+            next_producer_id: AtomicI64::new(next),
+            cluster_id,
+        })
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// The current topics. Lock-free.
+    pub fn snapshot(&self) -> Arc<TopicTable> {
+        self.table.load_full()
+    }
+
+    /// Applies `change` to a copy of the table, persists it, publishes it. Admin path only.
+    fn update<R>(
+        &self,
+        change: impl FnOnce(&mut TopicTable) -> Result<R, CatalogError>,
+    ) -> Result<R, CatalogError> {
+        let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = (*self.table.load_full()).clone();
+        let r = change(&mut table)?;
+        store_json(&self.dir.join("topics.json"), &table)?;
+        self.table.store(Arc::new(table));
+        Ok(r)
+    }
+
+    /// Checks a topic creation without performing it (CreateTopics validate_only uses it too).
+    pub fn check_new_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication_factor: i16,
+        configs: &BTreeMap<String, String>,
+    ) -> Result<(), CatalogError> {
+        validate_topic_name(name)?;
+        if self.snapshot().get(name).is_some() {
+            return Err(CatalogError::TopicExists(name.to_string()));
+        }
+        if !(1..=MAX_PARTITIONS_PER_TOPIC).contains(&partitions) {
+            return Err(CatalogError::InvalidPartitions(format!("Number of partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}, got {partitions}.")));
+        }
+        if replication_factor != 1 && replication_factor != -1 {
+            return Err(CatalogError::InvalidReplicationFactor(format!(
+                "Replication factor: {replication_factor} larger than available brokers: 1. kaas stores one copy on its (shared) data volume; use replication factor 1 or -1."
+            )));
+        }
+        for (k, v) in configs {
+            topic_config::validate(k, v).map_err(CatalogError::InvalidConfig)?;
+        }
+        Ok(())
+    }
+
+    pub fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication_factor: i16,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<TopicMeta>, CatalogError> {
+        self.check_new_topic(name, partitions, replication_factor, &configs)?;
+        self.update(|t| {
+            if t.topics.contains_key(name) {
+                return Err(CatalogError::TopicExists(name.to_string()));
+            }
+            let meta = Arc::new(TopicMeta {
+                name: name.to_string(),
+                id: Uuid::new_v4(),
+                partitions,
+                configs,
+            });
+            t.topics.insert(name.to_string(), meta.clone());
+            Ok(meta)
+        })
+    }
+
+    pub fn delete_topic(&self, name: &str) -> Result<Arc<TopicMeta>, CatalogError> {
+        self.update(|t| {
+            t.topics
+                .remove(name)
+                .ok_or_else(|| CatalogError::UnknownTopic(name.to_string()))
+        })
+    }
+
+    /// Grows a topic to `total` partitions (never shrinks, as Kafka).
+    pub fn set_partition_count(
+        &self,
+        name: &str,
+        total: i32,
+        validate_only: bool,
+    ) -> Result<Arc<TopicMeta>, CatalogError> {
+        let check = |t: &TopicTable| -> Result<Arc<TopicMeta>, CatalogError> {
+            let cur = t
+                .get(name)
+                .ok_or_else(|| CatalogError::UnknownTopic(name.to_string()))?;
+            if total <= cur.partitions {
+                return Err(CatalogError::InvalidPartitions(format!("Topic currently has {} partitions, which is higher than the requested {total}.", cur.partitions)));
+            }
+            if total > MAX_PARTITIONS_PER_TOPIC {
+                return Err(CatalogError::InvalidPartitions(format!(
+                    "Number of partitions must be at most {MAX_PARTITIONS_PER_TOPIC}"
+                )));
+            }
+            Ok(Arc::new(TopicMeta {
+                partitions: total,
+                ..(**cur).clone()
+            }))
+        };
+        if validate_only {
+            return check(&self.snapshot());
+        }
+        self.update(|t| {
+            let meta = check(t)?;
+            t.topics.insert(name.to_string(), meta.clone());
+            Ok(meta)
+        })
+    }
+
+    /// Replaces a topic's config overrides after validating every entry.
+    pub fn set_topic_configs(
+        &self,
+        name: &str,
+        configs: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<Arc<TopicMeta>, CatalogError> {
+        for (k, v) in &configs {
+            topic_config::validate(k, v).map_err(CatalogError::InvalidConfig)?;
+        }
+        let build = |t: &TopicTable| -> Result<Arc<TopicMeta>, CatalogError> {
+            let cur = t
+                .get(name)
+                .ok_or_else(|| CatalogError::UnknownTopic(name.to_string()))?;
+            Ok(Arc::new(TopicMeta {
+                configs: configs.clone(),
+                ..(**cur).clone()
+            }))
+        };
+        if validate_only {
+            return build(&self.snapshot());
+        }
+        self.update(|t| {
+            let meta = build(t)?;
+            t.topics.insert(name.to_string(), meta.clone());
+            Ok(meta)
+        })
+    }
+
+    /// A fresh producer id for InitProducerId. Lock-free except when a block runs out.
+    pub fn allocate_producer_id(&self) -> Result<i64, CatalogError> {
+        let id = self.next_producer_id.fetch_add(1, Ordering::Relaxed);
+        let mut meta = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        if id >= meta.producer_id_limit {
+            meta.producer_id_limit = id + PRODUCER_ID_BLOCK;
+            store_json(&self.dir.join("cluster.json"), &*meta)?;
+        }
+        Ok(id)
+    }
+}
+
+/// Kafka's cluster ids are URL-safe base64 of 16 random bytes, 22 characters.
+fn base64_uuid(id: Uuid) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let bytes = id.as_bytes();
+    let mut out = String::with_capacity(22);
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for &b in bytes {
+        acc = (acc << 8) | b as u32;
+        bits += 8;
+        while bits >= 6 {
+            bits -= 6;
+            out.push(ALPHABET[((acc >> bits) & 63) as usize] as char);
+        }
+    }
+    if bits > 0 {
+        out.push(ALPHABET[((acc << (6 - bits)) & 63) as usize] as char);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Topics survive a reopen, names are validated, and deleted names can be created again
+    // with a new id (so a new directory).
+    #[test]
+    fn persist_and_validate() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        let a = c.create_topic("orders", 3, 1, BTreeMap::new()).unwrap();
+        assert_eq!(
+            c.create_topic("orders", 3, 1, BTreeMap::new()),
+            Err(CatalogError::TopicExists("orders".into()))
+        );
+        assert!(matches!(
+            c.create_topic("bad/name", 1, 1, BTreeMap::new()),
+            Err(CatalogError::InvalidTopicName(_))
+        ));
+        assert!(matches!(
+            c.create_topic("x", 1, 3, BTreeMap::new()),
+            Err(CatalogError::InvalidReplicationFactor(_))
+        ));
+        let cid = c.cluster_id().to_string();
+        assert_eq!(cid.len(), 22);
+        let p1 = c.allocate_producer_id().unwrap();
+        drop(c);
+        let c = Catalog::open(dir.path()).unwrap();
+        assert_eq!(c.cluster_id(), cid);
+        assert_eq!(c.snapshot().get("orders").unwrap().id, a.id);
+        assert!(c.allocate_producer_id().unwrap() > p1);
+        c.delete_topic("orders").unwrap();
+        let b = c.create_topic("orders", 1, -1, BTreeMap::new()).unwrap();
+        assert_ne!(a.id, b.id);
+        assert_ne!(
+            a.partition_dir(dir.path(), 0),
+            b.partition_dir(dir.path(), 0)
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! Broker configuration as the shards see it (built by the binary from flags/environment).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Everything a shard needs to know about the broker it is part of. Immutable after start.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub broker_id: i32,
+    pub listen: SocketAddr,
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    pub data_dir: PathBuf,
+    pub shards: usize,
+    pub auto_create_topics: bool,
+    pub num_partitions: i32,
+    pub max_frame_bytes: usize,
+    /// Bytes of io_uring buffer memory per shard (counts against RLIMIT_MEMLOCK).
+    pub io_memory_bytes: usize,
+}
+
+impl BrokerConfig {
+    /// A configuration for tests: loopback, given data dir, two shards.
+    pub fn for_tests(data_dir: PathBuf, listen: SocketAddr) -> Self {
+        BrokerConfig {
+            broker_id: 0,
+            listen,
+            advertised_host: listen.ip().to_string(),
+            advertised_port: listen.port(),
+            data_dir,
+            shards: 2,
+            auto_create_topics: true,
+            num_partitions: 1,
+            max_frame_bytes: kaas_wire::frame::DEFAULT_MAX_FRAME_BYTES,
+            io_memory_bytes: 2 << 20,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! One client connection: read frames, dispatch, write responses in request order.
+//!
+//! Requests are pipelined: the reader keeps reading while earlier requests are served; each
+//! request runs as its own task and the writer awaits those tasks in arrival order, so
+//! responses leave in request order however the work is spread over shards. At most
+//! [`MAX_IN_FLIGHT`] requests per connection are in progress; beyond that the reader waits.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use glommio::channels::local_channel;
+use glommio::net::TcpStream;
+use glommio::Task;
+use kaas_wire::codec::{self, decode_request};
+use kaas_wire::frame::{frame_len, FRAME_PREFIX_LEN};
+use kaas_wire::WireError;
+
+use crate::handlers;
+use crate::shard::Shard;
+
+/// Requests per connection being served at once.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// Read buffer per connection.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let _ = stream.set_nodelay(true);
+    shard.probe.connections_open.fetch_add(1, Ordering::Relaxed);
+    shard
+        .probe
+        .connections_total
+        .fetch_add(1, Ordering::Relaxed);
+    let (reader, writer) = stream.split();
+    let (tx, rx) = local_channel::new_bounded::<Task<Option<Bytes>>>(MAX_IN_FLIGHT);
+    let probe = shard.probe.clone();
+    let writer_task = glommio::spawn_local(async move {
+        let mut writer = writer;
+        let mut broken = false;
+        while let Some(task) = rx.recv().await {
+            let response = task.await;
+            if broken {
+                continue;
+            }
+            if let Some(bytes) = response {
+                probe
+                    .bytes_out
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                if writer.write_all(&bytes).await.is_err() {
+                    broken = true;
+                }
+            }
+        }
+        let _ = writer.close().await;
+    });
+    if let Err(reason) = read_loop(&shard, reader, &tx).await {
+        tracing::debug!(shard = shard.id, %peer, %reason, "closing connection");
+    }
+    drop(tx);
+    writer_task.await;
+    shard.probe.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Why a connection is closed by us rather than by the client.
+enum Close {
+    Eof,
+    Io(std::io::Error),
+    Protocol(WireError),
+}
+
+impl std::fmt::Display for Close {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Close::Eof => write!(f, "client closed the connection"),
+            Close::Io(e) => write!(f, "socket error: {e}"),
+            Close::Protocol(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
+async fn read_loop<R: futures::io::AsyncRead + Unpin>(
+    shard: &Rc<Shard>,
+    reader: R,
+    tx: &local_channel::LocalSender<Task<Option<Bytes>>>,
+) -> Result<(), Close> {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    loop {
+        let mut prefix = [0u8; FRAME_PREFIX_LEN];
+        match reader.read_exact(&mut prefix).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Close::Eof),
+            Err(e) => return Err(Close::Io(e)),
+        }
+        // The length is checked against the limit before a byte of the body is allocated.
+        let len = frame_len(prefix, shard.config.max_frame_bytes)
+            .map_err(|e| protocol_error(shard, e))?;
+        let mut body = vec![0u8; len];
+        reader.read_exact(&mut body).await.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Close::Eof
+            } else {
+                Close::Io(e)
+            }
+        })?;
+        shard
+            .probe
+            .bytes_in
+            .fetch_add((len + FRAME_PREFIX_LEN) as u64, Ordering::Relaxed);
+        let task = match decode_request(Bytes::from(body)) {
+            Ok(request) => {
+                shard.probe.count_request(request.api_key as i16);
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    let started = Instant::now();
+                    let api_key = request.api_key;
+                    let response = handlers::handle(&shard, request).await;
+                    if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Produce {
+                        shard
+                            .probe
+                            .produce_latency
+                            .record_us(started.elapsed().as_micros() as u64);
+                    } else if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Fetch {
+                        shard
+                            .probe
+                            .fetch_latency
+                            .record_us(started.elapsed().as_micros() as u64);
+                    }
+                    response
+                })
+            }
+            // KIP-511: a newer ApiVersions than we know gets our ranges, so the client can
+            // retry with a version we speak.
+            Err(WireError::UnsupportedVersion {
+                api_key: 18,
+                correlation_id,
+                ..
+            }) => {
+                let bytes = codec::unsupported_api_versions_response(correlation_id);
+                glommio::spawn_local(async move { Some(bytes) })
+            }
+            // Anything else we cannot parse closes the connection, as Kafka does: there is no
+            // way to answer a request whose header we could not read.
+            Err(e) => return Err(protocol_error(shard, e)),
+        };
+        if tx.send(task).await.is_err() {
+            return Err(Close::Eof);
+        }
+    }
+}
+
+fn protocol_error(shard: &Shard, e: WireError) -> Close {
+    shard.probe.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(shard = shard.id, error = %e, "refusing request and closing the connection");
+    Close::Protocol(e)
+}

@@ -1,0 +1,63 @@
+//! The one place where internal errors become Kafka error codes.
+
+use kaas_storage::StorageError;
+use kaas_wire::error::BatchError;
+use kaas_wire::kafka_protocol::ResponseError as E;
+
+use crate::catalog::CatalogError;
+
+pub const NONE: i16 = 0;
+
+pub fn storage(e: &StorageError) -> i16 {
+    match e {
+        StorageError::Io { .. } | StorageError::Corrupt { .. } => E::KafkaStorageError.code(),
+        StorageError::OffsetOutOfRange { .. } => E::OffsetOutOfRange.code(),
+        StorageError::FencedLeaderEpoch { .. } => E::FencedLeaderEpoch.code(),
+        StorageError::InvalidProducerEpoch { .. } => E::InvalidProducerEpoch.code(),
+        StorageError::OutOfOrderSequence { .. } => E::OutOfOrderSequenceNumber.code(),
+        // A partition closed under a request (topic deleted, shutdown): the client refreshes
+        // metadata and retries.
+        StorageError::Closed => E::NotLeaderOrFollower.code(),
+    }
+}
+
+pub fn catalog(e: &CatalogError) -> i16 {
+    match e {
+        CatalogError::TopicExists(_) => E::TopicAlreadyExists.code(),
+        CatalogError::UnknownTopic(_) => E::UnknownTopicOrPartition.code(),
+        CatalogError::InvalidTopicName(_) => E::InvalidTopicException.code(),
+        CatalogError::InvalidPartitions(_) => E::InvalidPartitions.code(),
+        CatalogError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
+        CatalogError::InvalidConfig(_) => E::InvalidConfig.code(),
+        CatalogError::Storage { .. } => E::KafkaStorageError.code(),
+    }
+}
+
+/// A produced batch that fails validation. CRC and framing problems are CORRUPT_MESSAGE, as
+/// Kafka answers them; a wrong record count is INVALID_RECORD.
+pub fn batch(e: &BatchError) -> i16 {
+    match e {
+        BatchError::BadCount { .. } => E::InvalidRecord.code(),
+        BatchError::BadMagic { .. } => E::UnsupportedForMessageFormat.code(),
+        BatchError::Truncated { .. }
+        | BatchError::BadLength { .. }
+        | BatchError::BadCrc { .. }
+        | BatchError::Empty => E::CorruptMessage.code(),
+    }
+}
+
+pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = E::UnknownTopicOrPartition.code();
+pub const UNKNOWN_TOPIC_ID: i16 = E::UnknownTopicId.code();
+pub const INVALID_REQUIRED_ACKS: i16 = E::InvalidRequiredAcks.code();
+pub const MESSAGE_TOO_LARGE: i16 = E::MessageTooLarge.code();
+pub const INVALID_REQUEST: i16 = E::InvalidRequest.code();
+pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();
+pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
+pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
+pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();
+pub const INVALID_PRODUCER_EPOCH: i16 = E::InvalidProducerEpoch.code();
+pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
+pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
+pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
+pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
+pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();

@@ -1,0 +1,317 @@
+//! CreateTopics, DeleteTopics, CreatePartitions and DeleteRecords.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kaas_wire::kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kaas_wire::kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult,
+};
+use kaas_wire::kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
+};
+use kaas_wire::kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kaas_wire::kafka_protocol::messages::{
+    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse,
+    DeleteRecordsRequest, DeleteRecordsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    TopicName,
+};
+use kaas_wire::kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
+
+use super::per_partition;
+use crate::catalog::{topic_dir_name, CatalogError, TopicMeta};
+use crate::errors;
+use crate::shard::Shard;
+use crate::topic_config::TOPIC_CONFIGS;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// DescribeConfigs/CreateTopics config source codes.
+pub const SOURCE_DYNAMIC_TOPIC: i8 = 1;
+pub const SOURCE_DEFAULT: i8 = 5;
+
+pub fn create_topics(
+    shard: &Rc<Shard>,
+    req: CreateTopicsRequest,
+    version: i16,
+) -> CreateTopicsResponse {
+    let mut results = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.as_str().to_string();
+        let mut configs = BTreeMap::new();
+        for c in &t.configs {
+            if let Some(v) = &c.value {
+                configs.insert(c.name.as_str().to_string(), v.as_str().to_string());
+            }
+        }
+        // Explicit assignments decide the partition count; replicas beyond one are refused.
+        let (partitions, rf) = if !t.assignments.is_empty() {
+            let rf = t
+                .assignments
+                .iter()
+                .map(|a| a.broker_ids.len())
+                .max()
+                .unwrap_or(1) as i16;
+            (t.assignments.len() as i32, rf)
+        } else if t.num_partitions == -1 {
+            (shard.config.num_partitions, t.replication_factor)
+        } else {
+            (t.num_partitions, t.replication_factor)
+        };
+        let outcome = if req.validate_only {
+            shard
+                .catalog
+                .check_new_topic(&name, partitions, rf, &configs)
+                .map(|_| None)
+        } else {
+            shard
+                .catalog
+                .create_topic(&name, partitions, rf, configs.clone())
+                .map(Some)
+        };
+        let mut r = CreatableTopicResult::default().with_name(t.name.clone());
+        match outcome {
+            Ok(meta) => {
+                if let Some(m) = &meta {
+                    tracing::info!(topic = %name, partitions, id = %m.id, "created topic");
+                    r = r.with_topic_id(m.id);
+                }
+                if version >= 5 {
+                    r = r
+                        .with_num_partitions(partitions)
+                        .with_replication_factor(1)
+                        .with_configs(Some(config_entries(&configs)));
+                }
+            }
+            Err(e) => {
+                r = r
+                    .with_error_code(errors::catalog(&e))
+                    .with_error_message(Some(s(&e.to_string())));
+                if version >= 5 {
+                    r = r.with_num_partitions(-1).with_replication_factor(-1);
+                }
+            }
+        }
+        results.push(r);
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+fn config_entries(overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+    TOPIC_CONFIGS
+        .iter()
+        .map(|d| {
+            let (value, source) = match overrides.get(d.name) {
+                Some(v) => (v.as_str(), SOURCE_DYNAMIC_TOPIC),
+                None => (d.default, SOURCE_DEFAULT),
+            };
+            CreatableTopicConfigs::default()
+                .with_name(s(d.name))
+                .with_value(Some(s(value)))
+                .with_config_source(source)
+        })
+        .collect()
+}
+
+pub async fn delete_topics(
+    shard: &Rc<Shard>,
+    req: DeleteTopicsRequest,
+    version: i16,
+) -> DeleteTopicsResponse {
+    // v0–5 name topics in `topic_names`; v6 in `topics` by name or id.
+    let wanted: Vec<(Option<String>, Uuid)> = if version >= 6 {
+        req.topics
+            .iter()
+            .map(|t| (t.name.as_ref().map(|n| n.as_str().to_string()), t.topic_id))
+            .collect()
+    } else {
+        req.topic_names
+            .iter()
+            .map(|n| (Some(n.as_str().to_string()), Uuid::nil()))
+            .collect()
+    };
+    let mut responses = Vec::with_capacity(wanted.len());
+    for (name, id) in wanted {
+        let snapshot = shard.catalog.snapshot();
+        let name = match name {
+            Some(n) => Some(n),
+            None => snapshot.by_id(id).map(|t| t.name.clone()),
+        };
+        let mut r = DeletableTopicResult::default().with_topic_id(id);
+        let Some(name) = name else {
+            responses.push(r.with_error_code(errors::UNKNOWN_TOPIC_ID));
+            continue;
+        };
+        r = r.with_name(Some(TopicName(s(&name))));
+        match delete_topic(shard, &name).await {
+            Ok(meta) => responses.push(r.with_topic_id(meta.id)),
+            Err(e) => responses.push(
+                r.with_error_code(errors::catalog(&e))
+                    .with_error_message(Some(s(&e.to_string()))),
+            ),
+        }
+    }
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+/// Removes a topic from the catalog, closes its partitions on every shard, then deletes its
+/// directory. The catalog goes first: once it no longer lists the topic no new request can open
+/// a partition of it, and a crash before the directory is gone leaves only an orphan directory
+/// that no topic id points to.
+async fn delete_topic(shard: &Rc<Shard>, name: &str) -> Result<Arc<TopicMeta>, CatalogError> {
+    let meta = shard.catalog.delete_topic(name)?;
+    let id = meta.id;
+    let everyone = (0..shard.nshards).map(|i| (i, ())).collect();
+    per_partition(
+        shard,
+        everyone,
+        move |s, ()| async move { s.close_topic(id).await },
+        (),
+    )
+    .await;
+    let dir = shard
+        .config
+        .data_dir
+        .join(topic_dir_name(&meta.name, meta.id));
+    if let Err(e) = std::fs::remove_dir_all(&dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "deleted topic's directory could not be removed; remove it by hand");
+        }
+    }
+    tracing::info!(topic = name, id = %meta.id, "deleted topic");
+    Ok(meta)
+}
+
+pub fn create_partitions(
+    shard: &Rc<Shard>,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let results = req
+        .topics
+        .iter()
+        .map(|t| {
+            let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+            match shard
+                .catalog
+                .set_partition_count(t.name.as_str(), t.count, req.validate_only)
+            {
+                Ok(_) => r,
+                Err(e) => r
+                    .with_error_code(errors::catalog(&e))
+                    .with_error_message(Some(s(&e.to_string()))),
+            }
+        })
+        .collect();
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+#[derive(Clone)]
+struct Deleted {
+    error_code: i16,
+    low_watermark: i64,
+}
+
+pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let snapshot = shard.catalog.snapshot();
+    let mut items = Vec::new();
+    let mut slots = Vec::new();
+    let mut answers: Vec<Vec<Deleted>> = Vec::new();
+    let unknown = Deleted {
+        error_code: errors::UNKNOWN_TOPIC_OR_PARTITION,
+        low_watermark: -1,
+    };
+    for (ti, t) in req.topics.iter().enumerate() {
+        let meta = snapshot.get(t.name.as_str()).cloned();
+        answers.push(Vec::new());
+        for (pi, p) in t.partitions.iter().enumerate() {
+            match &meta {
+                Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
+                    slots.push((ti, pi));
+                    items.push((
+                        shard.owner_of(&m.name, p.partition_index),
+                        (m.clone(), p.partition_index, p.offset),
+                    ));
+                    answers[ti].push(unknown.clone());
+                }
+                _ => answers[ti].push(unknown.clone()),
+            }
+        }
+    }
+    let results = per_partition(
+        shard,
+        items,
+        |s, (m, p, offset)| async move {
+            let log = match s.partition(&m, p).await {
+                Ok(l) => l,
+                Err(e) => {
+                    return Deleted {
+                        error_code: errors::storage(&e),
+                        low_watermark: -1,
+                    }
+                }
+            };
+            // -1 means "up to the high watermark", as in Kafka.
+            let target = if offset == -1 {
+                log.high_watermark()
+            } else {
+                offset
+            };
+            match log.delete_records_before(target).await {
+                Ok(low) => Deleted {
+                    error_code: errors::NONE,
+                    low_watermark: low,
+                },
+                Err(e) => Deleted {
+                    error_code: errors::storage(&e),
+                    low_watermark: -1,
+                },
+            }
+        },
+        Deleted {
+            error_code: errors::NOT_LEADER_OR_FOLLOWER,
+            low_watermark: -1,
+        },
+    )
+    .await;
+    for ((ti, pi), r) in slots.into_iter().zip(results) {
+        answers[ti][pi] = r;
+    }
+    let topics = req
+        .topics
+        .iter()
+        .zip(answers)
+        .map(|(t, ans)| {
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .zip(ans)
+                        .map(|(p, a)| {
+                            DeleteRecordsPartitionResult::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(a.error_code)
+                                .with_low_watermark(a.low_watermark)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// Tells every shard a topic's configs changed so open logs pick up segment settings.
+pub async fn broadcast_topic_config(shard: &Rc<Shard>, meta: Arc<TopicMeta>) {
+    let everyone = (0..shard.nshards).map(|i| (i, meta.clone())).collect();
+    per_partition(
+        shard,
+        everyone,
+        |s, m: Arc<TopicMeta>| async move { s.apply_topic_config(&m) },
+        (),
+    )
+    .await;
+}

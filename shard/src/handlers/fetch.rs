@@ -1,0 +1,249 @@
+//! Fetch with long-poll: read every requested partition on its owning shard; if fewer than
+//! `min_bytes` came back, wait (on the owning shards) until any partition grows or `max_wait_ms`
+//! passes, then read again. `max_bytes` and `partition_max_bytes` are honoured, with at least
+//! one whole batch returned so a consumer always progresses.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kaas_wire::kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kaas_wire::kafka_protocol::messages::{FetchRequest, FetchResponse};
+
+use super::per_partition;
+use crate::catalog::TopicMeta;
+use crate::errors;
+use crate::shard::Shard;
+
+#[derive(Clone)]
+struct PartRead {
+    error_code: i16,
+    high_watermark: i64,
+    log_start_offset: i64,
+    records: Bytes,
+}
+
+impl PartRead {
+    fn error(code: i16) -> Self {
+        PartRead {
+            error_code: code,
+            high_watermark: -1,
+            log_start_offset: -1,
+            records: Bytes::new(),
+        }
+    }
+}
+
+struct Wanted {
+    topic_index: usize,
+    partition: i32,
+    meta: Option<Arc<TopicMeta>>,
+    error: i16,
+    fetch_offset: i64,
+    max_bytes: usize,
+}
+
+pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchResponse {
+    let started = Instant::now();
+    let max_wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
+    let min_bytes = req.min_bytes.max(0) as usize;
+    let max_bytes = if req.max_bytes <= 0 {
+        i32::MAX as usize
+    } else {
+        req.max_bytes as usize
+    };
+    let snapshot = shard.catalog.snapshot();
+    let uses_ids = version >= 13;
+
+    let mut wanted = Vec::new();
+    let mut topics_out = Vec::with_capacity(req.topics.len());
+    for (ti, t) in req.topics.iter().enumerate() {
+        let meta = if uses_ids {
+            snapshot.by_id(t.topic_id).cloned()
+        } else {
+            snapshot.get(t.topic.as_str()).cloned()
+        };
+        let missing = if uses_ids {
+            errors::UNKNOWN_TOPIC_ID
+        } else {
+            errors::UNKNOWN_TOPIC_OR_PARTITION
+        };
+        let mut out = FetchableTopicResponse::default().with_topic_id(t.topic_id);
+        if !uses_ids {
+            out = out.with_topic(t.topic.clone());
+        }
+        topics_out.push(out);
+        for p in &t.partitions {
+            let (meta, error) = match &meta {
+                None => (None, missing),
+                Some(m) if p.partition < 0 || p.partition >= m.partitions => {
+                    (None, errors::UNKNOWN_TOPIC_OR_PARTITION)
+                }
+                Some(m) => (Some(m.clone()), errors::NONE),
+            };
+            wanted.push(Wanted {
+                topic_index: ti,
+                partition: p.partition,
+                meta,
+                error,
+                fetch_offset: p.fetch_offset,
+                max_bytes: p.partition_max_bytes.max(0) as usize,
+            });
+        }
+    }
+
+    let mut reads = read_all(shard, &wanted).await;
+    loop {
+        let total: usize = reads.iter().map(|r| r.records.len()).sum();
+        let any_error = reads.iter().any(|r| r.error_code != errors::NONE);
+        let elapsed = started.elapsed();
+        if total >= min_bytes || any_error || elapsed >= max_wait || wanted.is_empty() {
+            break;
+        }
+        wait_any(shard, &wanted, max_wait - elapsed).await;
+        reads = read_all(shard, &wanted).await;
+    }
+
+    // Enforce the response-wide max_bytes in request order; the first non-empty partition is
+    // always kept whole (KIP-74).
+    let mut budget = max_bytes;
+    let mut first = true;
+    for (w, r) in wanted.iter().zip(reads) {
+        let mut records = r.records;
+        if !records.is_empty() {
+            if records.len() > budget && !first {
+                records = Bytes::new();
+            } else {
+                budget = budget.saturating_sub(records.len());
+                first = false;
+            }
+        }
+        let lso = if r.high_watermark >= 0 {
+            r.high_watermark
+        } else {
+            -1
+        };
+        topics_out[w.topic_index].partitions.push(
+            PartitionData::default()
+                .with_partition_index(w.partition)
+                .with_error_code(r.error_code)
+                .with_high_watermark(r.high_watermark)
+                .with_last_stable_offset(lso)
+                .with_log_start_offset(r.log_start_offset)
+                .with_records(Some(records)),
+        );
+    }
+    FetchResponse::default()
+        .with_responses(topics_out)
+        .with_session_id(0)
+}
+
+async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted]) -> Vec<PartRead> {
+    let mut items = Vec::new();
+    let mut slots = Vec::new();
+    let mut out: Vec<PartRead> = Vec::with_capacity(wanted.len());
+    for (i, w) in wanted.iter().enumerate() {
+        match &w.meta {
+            Some(m) => {
+                slots.push(i);
+                items.push((
+                    shard.owner_of(&m.name, w.partition),
+                    (m.clone(), w.partition, w.fetch_offset, w.max_bytes),
+                ));
+                out.push(PartRead::error(errors::NONE));
+            }
+            None => out.push(PartRead::error(w.error)),
+        }
+    }
+    let results = per_partition(
+        shard,
+        items,
+        |s, (meta, partition, offset, max)| read_partition(s, meta, partition, offset, max),
+        PartRead::error(errors::NOT_LEADER_OR_FOLLOWER),
+    )
+    .await;
+    for (i, r) in slots.into_iter().zip(results) {
+        out[i] = r;
+    }
+    out
+}
+
+/// Runs on the shard that owns the partition.
+async fn read_partition(
+    shard: Rc<Shard>,
+    meta: Arc<TopicMeta>,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+) -> PartRead {
+    let log = match shard.partition(&meta, partition).await {
+        Ok(l) => l,
+        Err(e) => return PartRead::error(errors::storage(&e)),
+    };
+    match log.read(offset, max_bytes.max(1)).await {
+        Ok(r) => PartRead {
+            error_code: errors::NONE,
+            high_watermark: r.high_watermark,
+            log_start_offset: r.log_start_offset,
+            records: r.records,
+        },
+        Err(e) => PartRead {
+            error_code: errors::storage(&e),
+            high_watermark: log.high_watermark(),
+            log_start_offset: log.log_start_offset(),
+            records: Bytes::new(),
+        },
+    }
+}
+
+/// Returns when any wanted partition has data past its fetch offset, or after `timeout`.
+async fn wait_any(shard: &Rc<Shard>, wanted: &[Wanted], timeout: Duration) {
+    let mut by_shard: Vec<Vec<(Arc<TopicMeta>, i32, i64)>> =
+        (0..shard.nshards).map(|_| Vec::new()).collect();
+    for w in wanted {
+        if let Some(m) = &w.meta {
+            by_shard[shard.owner_of(&m.name, w.partition)].push((
+                m.clone(),
+                w.partition,
+                w.fetch_offset,
+            ));
+        }
+    }
+    let waits: Vec<_> = by_shard
+        .into_iter()
+        .enumerate()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(target, parts)| {
+            Box::pin(crate::mesh::on_shard(
+                shard,
+                target,
+                move |s: Rc<Shard>| async move {
+                    let mut futs = Vec::new();
+                    for (meta, partition, offset) in parts {
+                        if let Ok(log) = s.partition(&meta, partition).await {
+                            futs.push(Box::pin(
+                                async move { log.wait_for_data(offset, timeout).await },
+                            ));
+                        }
+                    }
+                    if !futs.is_empty() {
+                        futures::future::select_all(futs).await;
+                    }
+                },
+            ))
+        })
+        .collect();
+    if waits.is_empty() {
+        glommio::timer::sleep(timeout).await;
+        return;
+    }
+    let all = futures::future::select_all(waits);
+    futures_lite::future::or(
+        async {
+            all.await;
+        },
+        async { glommio::timer::sleep(timeout).await },
+    )
+    .await;
+}

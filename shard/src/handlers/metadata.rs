@@ -1,0 +1,226 @@
+//! Metadata, DescribeCluster and DescribeTopicPartitions: this broker leads every partition in
+//! single-node mode.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kaas_wire::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kaas_wire::kafka_protocol::messages::describe_topic_partitions_response::{
+    Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
+};
+use kaas_wire::kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kaas_wire::kafka_protocol::messages::{
+    BrokerId, DescribeClusterRequest, DescribeClusterResponse, DescribeTopicPartitionsRequest,
+    DescribeTopicPartitionsResponse, MetadataRequest, MetadataResponse, TopicName,
+};
+use kaas_wire::kafka_protocol::protocol::StrBytes;
+
+use super::resolve_topic;
+use crate::catalog::{validate_topic_name, TopicMeta};
+use crate::errors;
+use crate::shard::Shard;
+
+/// "Authorized operations not requested", as Kafka encodes it.
+const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn topic_name(v: &str) -> TopicName {
+    TopicName(s(v))
+}
+
+pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> MetadataResponse {
+    let me = BrokerId(shard.config.broker_id);
+    let broker = MetadataResponseBroker::default()
+        .with_node_id(me)
+        .with_host(s(&shard.config.advertised_host))
+        .with_port(shard.config.advertised_port as i32);
+    // v0: an empty list means all topics; v1+: null means all, empty means none.
+    let all = match &req.topics {
+        None => true,
+        Some(t) => t.is_empty() && version == 0,
+    };
+    let mut topics = Vec::new();
+    if all {
+        for t in shard.catalog.snapshot().topics.values() {
+            topics.push(topic_response(shard, t));
+        }
+    } else {
+        let snapshot = shard.catalog.snapshot();
+        let allow_create = version < 4 || req.allow_auto_topic_creation;
+        for rt in req.topics.unwrap_or_default() {
+            let name = match (&rt.name, rt.topic_id.is_nil()) {
+                (Some(n), _) => n.as_str().to_string(),
+                (None, false) => match snapshot.by_id(rt.topic_id) {
+                    Some(t) => t.name.clone(),
+                    None => {
+                        topics.push(
+                            MetadataResponseTopic::default()
+                                .with_error_code(errors::UNKNOWN_TOPIC_ID)
+                                .with_topic_id(rt.topic_id)
+                                .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
+                        );
+                        continue;
+                    }
+                },
+                (None, true) => continue,
+            };
+            if let Err(e) = validate_topic_name(&name) {
+                topics.push(error_topic(&name, errors::catalog(&e)));
+                continue;
+            }
+            match resolve_topic(shard, &name, allow_create) {
+                Ok(t) => topics.push(topic_response(shard, &t)),
+                Err(code) => topics.push(error_topic(&name, code)),
+            }
+        }
+    }
+    MetadataResponse::default()
+        .with_brokers(vec![broker])
+        .with_cluster_id(Some(s(shard.catalog.cluster_id())))
+        .with_controller_id(me)
+        .with_topics(topics)
+        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn error_topic(name: &str, code: i16) -> MetadataResponseTopic {
+    MetadataResponseTopic::default()
+        .with_error_code(code)
+        .with_name(Some(topic_name(name)))
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn topic_response(shard: &Shard, t: &Arc<TopicMeta>) -> MetadataResponseTopic {
+    let me = BrokerId(shard.config.broker_id);
+    let partitions = (0..t.partitions)
+        .map(|p| {
+            MetadataResponsePartition::default()
+                .with_partition_index(p)
+                .with_leader_id(me)
+                .with_leader_epoch(leader_epoch(shard, t, p))
+                .with_replica_nodes(vec![me])
+                .with_isr_nodes(vec![me])
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(topic_name(&t.name)))
+        .with_topic_id(t.id)
+        .with_partitions(partitions)
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+/// The leader epoch a client should see. Single-node partitions stay at epoch 0 until cluster
+/// mode moves them; an open log on this shard knows its exact epoch.
+fn leader_epoch(shard: &Shard, t: &TopicMeta, partition: i32) -> i32 {
+    if shard.owner_of(&t.name, partition) == shard.id {
+        if let Some(log) = shard.open_partition(t.id, partition) {
+            return log.leader_epoch().0;
+        }
+    }
+    0
+}
+
+pub fn describe_cluster(shard: &Rc<Shard>, req: DescribeClusterRequest) -> DescribeClusterResponse {
+    let me = BrokerId(shard.config.broker_id);
+    DescribeClusterResponse::default()
+        .with_endpoint_type(req.endpoint_type)
+        .with_cluster_id(s(shard.catalog.cluster_id()))
+        .with_controller_id(me)
+        .with_brokers(vec![DescribeClusterBroker::default()
+            .with_broker_id(me)
+            .with_host(s(&shard.config.advertised_host))
+            .with_port(shard.config.advertised_port as i32)])
+        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+pub fn describe_topic_partitions(
+    shard: &Rc<Shard>,
+    req: DescribeTopicPartitionsRequest,
+) -> DescribeTopicPartitionsResponse {
+    let me = BrokerId(shard.config.broker_id);
+    let snapshot = shard.catalog.snapshot();
+    let names: Vec<String> = if req.topics.is_empty() {
+        snapshot.topics.keys().cloned().collect()
+    } else {
+        let mut v: Vec<String> = req
+            .topics
+            .iter()
+            .map(|t| t.name.as_str().to_string())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let limit = if req.response_partition_limit <= 0 {
+        2000
+    } else {
+        req.response_partition_limit as usize
+    };
+    let (cursor_topic, cursor_partition) = match &req.cursor {
+        Some(c) => (Some(c.topic_name.as_str().to_string()), c.partition_index),
+        None => (None, 0),
+    };
+    let mut budget = limit;
+    let mut topics = Vec::new();
+    let mut next_cursor = None;
+    for name in names {
+        if let Some(ct) = &cursor_topic {
+            if &name < ct {
+                continue;
+            }
+        }
+        let Some(t) = snapshot.get(&name) else {
+            topics.push(
+                DescribeTopicPartitionsResponseTopic::default()
+                    .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
+                    .with_name(Some(topic_name(&name)))
+                    .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
+            );
+            continue;
+        };
+        let start = if cursor_topic.as_deref() == Some(name.as_str()) {
+            cursor_partition.max(0)
+        } else {
+            0
+        };
+        let mut partitions = Vec::new();
+        for p in start..t.partitions {
+            if budget == 0 {
+                next_cursor = Some(
+                    Cursor::default()
+                        .with_topic_name(topic_name(&name))
+                        .with_partition_index(p),
+                );
+                break;
+            }
+            budget -= 1;
+            partitions.push(
+                DescribeTopicPartitionsResponsePartition::default()
+                    .with_partition_index(p)
+                    .with_leader_id(me)
+                    .with_leader_epoch(leader_epoch(shard, t, p))
+                    .with_replica_nodes(vec![me])
+                    .with_isr_nodes(vec![me])
+                    .with_eligible_leader_replicas(Some(vec![]))
+                    .with_last_known_elr(Some(vec![])),
+            );
+        }
+        topics.push(
+            DescribeTopicPartitionsResponseTopic::default()
+                .with_name(Some(topic_name(&name)))
+                .with_topic_id(t.id)
+                .with_partitions(partitions)
+                .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
+        );
+        if next_cursor.is_some() {
+            break;
+        }
+    }
+    DescribeTopicPartitionsResponse::default()
+        .with_topics(topics)
+        .with_next_cursor(next_cursor)
+}

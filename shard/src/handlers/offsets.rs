@@ -1,0 +1,314 @@
+//! ListOffsets, OffsetForLeaderEpoch and InitProducerId.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kaas_wire::kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kaas_wire::kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
+use kaas_wire::kafka_protocol::messages::{
+    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
+    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ProducerId,
+};
+
+use super::per_partition;
+use crate::catalog::TopicMeta;
+use crate::errors;
+use crate::shard::Shard;
+
+/// ListOffsets special timestamps (Kafka's `ListOffsetsRequest`).
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+const EARLIEST_LOCAL: i64 = -4;
+
+#[derive(Clone)]
+struct OffsetAnswer {
+    error_code: i16,
+    timestamp: i64,
+    offset: i64,
+    leader_epoch: i32,
+}
+
+impl OffsetAnswer {
+    fn error(code: i16) -> Self {
+        OffsetAnswer {
+            error_code: code,
+            timestamp: -1,
+            offset: -1,
+            leader_epoch: -1,
+        }
+    }
+}
+
+pub async fn list_offsets(
+    shard: &Rc<Shard>,
+    req: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
+    let snapshot = shard.catalog.snapshot();
+    let mut items = Vec::new();
+    let mut answers: Vec<Vec<OffsetAnswer>> = Vec::new();
+    let mut slots = Vec::new();
+    for (ti, t) in req.topics.iter().enumerate() {
+        let meta = snapshot.get(t.name.as_str()).cloned();
+        answers.push(Vec::new());
+        for (pi, p) in t.partitions.iter().enumerate() {
+            match &meta {
+                Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
+                    slots.push((ti, pi));
+                    items.push((
+                        shard.owner_of(&m.name, p.partition_index),
+                        (
+                            m.clone(),
+                            p.partition_index,
+                            p.timestamp,
+                            p.current_leader_epoch,
+                        ),
+                    ));
+                    answers[ti].push(OffsetAnswer::error(errors::NONE));
+                }
+                _ => answers[ti].push(OffsetAnswer::error(errors::UNKNOWN_TOPIC_OR_PARTITION)),
+            }
+        }
+    }
+    let results = per_partition(
+        shard,
+        items,
+        |s, (m, p, ts, epoch)| lookup(s, m, p, ts, epoch),
+        OffsetAnswer::error(errors::NOT_LEADER_OR_FOLLOWER),
+    )
+    .await;
+    for ((ti, pi), r) in slots.into_iter().zip(results) {
+        answers[ti][pi] = r;
+    }
+    let topics = req
+        .topics
+        .iter()
+        .zip(answers)
+        .map(|(t, ans)| {
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .zip(ans)
+                        .map(|(p, a)| {
+                            ListOffsetsPartitionResponse::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(a.error_code)
+                                .with_timestamp(a.timestamp)
+                                .with_offset(a.offset)
+                                // The field exists from v4; an older client must not be sent one.
+                                .with_leader_epoch(if version >= 4 { a.leader_epoch } else { -1 })
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// Checks a client's `current_leader_epoch` against ours, as Kafka does (-1 skips the check).
+fn check_epoch(current: i32, ours: i32) -> Result<(), i16> {
+    if current < 0 || current == ours {
+        Ok(())
+    } else if current < ours {
+        Err(errors::FENCED_LEADER_EPOCH)
+    } else {
+        Err(errors::UNKNOWN_LEADER_EPOCH)
+    }
+}
+
+async fn lookup(
+    shard: Rc<Shard>,
+    meta: Arc<TopicMeta>,
+    partition: i32,
+    timestamp: i64,
+    current_epoch: i32,
+) -> OffsetAnswer {
+    let log = match shard.partition(&meta, partition).await {
+        Ok(l) => l,
+        Err(e) => return OffsetAnswer::error(errors::storage(&e)),
+    };
+    let epoch = log.leader_epoch().0;
+    if let Err(code) = check_epoch(current_epoch, epoch) {
+        return OffsetAnswer::error(code);
+    }
+    let at = |offset: i64| OffsetAnswer {
+        error_code: errors::NONE,
+        timestamp: -1,
+        offset,
+        leader_epoch: epoch,
+    };
+    match timestamp {
+        LATEST => at(log.high_watermark()),
+        EARLIEST | EARLIEST_LOCAL => at(log.log_start_offset()),
+        MAX_TIMESTAMP => match log.max_timestamp() {
+            Some(l) => OffsetAnswer {
+                error_code: errors::NONE,
+                timestamp: l.timestamp,
+                offset: l.offset,
+                leader_epoch: l.leader_epoch,
+            },
+            None => OffsetAnswer {
+                error_code: errors::NONE,
+                timestamp: -1,
+                offset: -1,
+                leader_epoch: -1,
+            },
+        },
+        ts if ts >= 0 => match log.offset_for_timestamp(ts) {
+            Some(l) => OffsetAnswer {
+                error_code: errors::NONE,
+                timestamp: l.timestamp,
+                offset: l.offset,
+                leader_epoch: l.leader_epoch,
+            },
+            None => OffsetAnswer {
+                error_code: errors::NONE,
+                timestamp: -1,
+                offset: -1,
+                leader_epoch: -1,
+            },
+        },
+        _ => OffsetAnswer::error(errors::INVALID_REQUEST),
+    }
+}
+
+#[derive(Clone)]
+struct EpochAnswer {
+    error_code: i16,
+    leader_epoch: i32,
+    end_offset: i64,
+}
+
+pub async fn offset_for_leader_epoch(
+    shard: &Rc<Shard>,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let snapshot = shard.catalog.snapshot();
+    let mut items = Vec::new();
+    let mut slots = Vec::new();
+    let mut answers: Vec<Vec<EpochAnswer>> = Vec::new();
+    let unknown = EpochAnswer {
+        error_code: errors::UNKNOWN_TOPIC_OR_PARTITION,
+        leader_epoch: -1,
+        end_offset: -1,
+    };
+    for (ti, t) in req.topics.iter().enumerate() {
+        let meta = snapshot.get(t.topic.as_str()).cloned();
+        answers.push(Vec::new());
+        for (pi, p) in t.partitions.iter().enumerate() {
+            match &meta {
+                Some(m) if p.partition >= 0 && p.partition < m.partitions => {
+                    slots.push((ti, pi));
+                    items.push((
+                        shard.owner_of(&m.name, p.partition),
+                        (
+                            m.clone(),
+                            p.partition,
+                            p.current_leader_epoch,
+                            p.leader_epoch,
+                        ),
+                    ));
+                    answers[ti].push(unknown.clone());
+                }
+                _ => answers[ti].push(unknown.clone()),
+            }
+        }
+    }
+    let results = per_partition(
+        shard,
+        items,
+        |s, (m, p, current, wanted)| async move {
+            let log = match s.partition(&m, p).await {
+                Ok(l) => l,
+                Err(e) => {
+                    return EpochAnswer {
+                        error_code: errors::storage(&e),
+                        leader_epoch: -1,
+                        end_offset: -1,
+                    }
+                }
+            };
+            if let Err(code) = check_epoch(current, log.leader_epoch().0) {
+                return EpochAnswer {
+                    error_code: code,
+                    leader_epoch: -1,
+                    end_offset: -1,
+                };
+            }
+            let (leader_epoch, end_offset) = log.end_offset_for_epoch(wanted);
+            EpochAnswer {
+                error_code: errors::NONE,
+                leader_epoch,
+                end_offset,
+            }
+        },
+        EpochAnswer {
+            error_code: errors::NOT_LEADER_OR_FOLLOWER,
+            leader_epoch: -1,
+            end_offset: -1,
+        },
+    )
+    .await;
+    for ((ti, pi), r) in slots.into_iter().zip(results) {
+        answers[ti][pi] = r;
+    }
+    let topics = req
+        .topics
+        .iter()
+        .zip(answers)
+        .map(|(t, ans)| {
+            OffsetForLeaderTopicResult::default()
+                .with_topic(t.topic.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .zip(ans)
+                        .map(|(p, a)| {
+                            EpochEndOffset::default()
+                                .with_partition(p.partition)
+                                .with_error_code(a.error_code)
+                                .with_leader_epoch(a.leader_epoch)
+                                .with_end_offset(a.end_offset)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    OffsetForLeaderEpochResponse::default().with_topics(topics)
+}
+
+/// Idempotent producers get a fresh id (or, when they present their current id and epoch, the
+/// same id with the epoch bumped, KIP-360). Transactions are not served yet: a transactional id
+/// gets UNSUPPORTED_VERSION, which clients report as "transactions not supported by broker".
+pub fn init_producer_id(shard: &Rc<Shard>, req: InitProducerIdRequest) -> InitProducerIdResponse {
+    if req.transactional_id.is_some() {
+        return InitProducerIdResponse::default()
+            .with_error_code(errors::UNSUPPORTED_VERSION)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+    }
+    if req.producer_id.0 >= 0 && req.producer_epoch >= 0 && req.producer_epoch < i16::MAX - 1 {
+        return InitProducerIdResponse::default()
+            .with_producer_id(req.producer_id)
+            .with_producer_epoch(req.producer_epoch + 1);
+    }
+    match shard.catalog.allocate_producer_id() {
+        Ok(id) => InitProducerIdResponse::default()
+            .with_producer_id(ProducerId(id))
+            .with_producer_epoch(0),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot allocate a producer id");
+            InitProducerIdResponse::default()
+                .with_error_code(errors::catalog(&e))
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Per-shard metrics and liveness. Each probe has one writer (its shard) and is read by the
+//! control thread; everything is a relaxed atomic, so nothing on the hot path takes a lock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use kaas_wire::kafka_protocol::messages::ApiKey;
+
+/// Number of API keys we count (Kafka's keys are below this).
+pub const API_KEYS: usize = 96;
+
+/// Upper bounds of the latency histogram buckets, in microseconds.
+pub const LATENCY_BUCKETS_US: [u64; 16] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 10_000_000,
+];
+
+/// A fixed-bucket latency histogram (Prometheus style: cumulative on export).
+pub struct LatencyProbe {
+    buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Default for LatencyProbe {
+    fn default() -> Self {
+        LatencyProbe {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LatencyProbe {
+    pub fn record_us(&self, us: u64) {
+        let i = LATENCY_BUCKETS_US
+            .iter()
+            .position(|b| us <= *b)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+    /// (per-bucket counts, not cumulative; sum in µs; count).
+    pub fn read(&self) -> (Vec<u64>, u64, u64) {
+        (
+            self.buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
+            self.sum_us.load(Ordering::Relaxed),
+            self.count.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// What one shard reports about itself.
+pub struct ShardProbe {
+    /// Advanced by the shard's own timer every 100 ms: the control thread calls a shard alive
+    /// while this keeps moving.
+    pub alive_ticks: AtomicU64,
+    pub listener_bound: AtomicBool,
+    pub stopped: AtomicBool,
+    pub requests: [AtomicU64; API_KEYS],
+    pub request_errors: [AtomicU64; API_KEYS],
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub partitions_open: AtomicU64,
+    pub produce_latency: LatencyProbe,
+    pub fetch_latency: LatencyProbe,
+}
+
+impl Default for ShardProbe {
+    fn default() -> Self {
+        ShardProbe {
+            alive_ticks: AtomicU64::new(0),
+            listener_bound: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            request_errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
+            connections_total: AtomicU64::new(0),
+            protocol_errors: AtomicU64::new(0),
+            partitions_open: AtomicU64::new(0),
+            produce_latency: LatencyProbe::default(),
+            fetch_latency: LatencyProbe::default(),
+        }
+    }
+}
+
+impl ShardProbe {
+    pub fn count_request(&self, api_key: i16) {
+        if let Some(c) = self.requests.get(api_key as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    pub fn count_error(&self, api_key: i16) {
+        if let Some(c) = self.request_errors.get(api_key as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Kafka's name for an API key, for metric labels and logs.
+pub fn api_name(key: i16) -> Option<&'static str> {
+    let key = ApiKey::try_from(key).ok()?;
+    Some(match key {
+        ApiKey::Produce => "Produce",
+        ApiKey::Fetch => "Fetch",
+        ApiKey::ListOffsets => "ListOffsets",
+        ApiKey::Metadata => "Metadata",
+        ApiKey::ApiVersions => "ApiVersions",
+        ApiKey::CreateTopics => "CreateTopics",
+        ApiKey::DeleteTopics => "DeleteTopics",
+        ApiKey::InitProducerId => "InitProducerId",
+        ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::CreatePartitions => "CreatePartitions",
+        ApiKey::DeleteRecords => "DeleteRecords",
+        ApiKey::OffsetForLeaderEpoch => "OffsetForLeaderEpoch",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
+        ApiKey::DescribeCluster => "DescribeCluster",
+        ApiKey::DescribeTopicPartitions => "DescribeTopicPartitions",
+        _ => "Other",
+    })
+}

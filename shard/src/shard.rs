@@ -1,0 +1,204 @@
+//! One shard: a glommio executor pinned to a core, the partitions it owns, its listener.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use glommio::sync::Semaphore;
+use kaas_storage::{LeaderEpoch, PartitionLog, StorageError};
+use uuid::Uuid;
+
+use crate::catalog::{Catalog, TopicMeta};
+use crate::config::BrokerConfig;
+use crate::mesh::Peers;
+use crate::probe::ShardProbe;
+use crate::topic_config;
+
+/// The shard that owns partition `partition` of `topic`: a stable hash (FNV-1a of the topic
+/// name, mixed with the partition) over the shard count. Stable across restarts so a partition
+/// always comes back to the same core.
+pub fn owner_shard(topic: &str, partition: i32, shards: usize) -> usize {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in topic.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    // Consecutive partitions of one topic should land on different shards.
+    let mixed = (h as u64).wrapping_add(partition as u64);
+    (mixed % shards.max(1) as u64) as usize
+}
+
+/// A partition slot: the open log, or nothing yet. `opening` makes concurrent first requests
+/// for the same partition wait for one open instead of racing two.
+struct PartitionSlot {
+    log: RefCell<Option<Rc<PartitionLog>>>,
+    opening: Semaphore,
+}
+
+/// State of one shard. Lives on its executor's thread only (`Rc`, `RefCell`); other shards
+/// reach it through [`crate::mesh::on_shard`].
+pub struct Shard {
+    pub id: usize,
+    pub nshards: usize,
+    pub config: Arc<BrokerConfig>,
+    pub catalog: Arc<Catalog>,
+    pub probe: Arc<ShardProbe>,
+    peers: Peers,
+    partitions: RefCell<HashMap<(Uuid, i32), Rc<PartitionSlot>>>,
+}
+
+impl Shard {
+    pub fn new(
+        id: usize,
+        config: Arc<BrokerConfig>,
+        catalog: Arc<Catalog>,
+        probe: Arc<ShardProbe>,
+        peers: Peers,
+    ) -> Shard {
+        Shard {
+            id,
+            nshards: config.shards,
+            config,
+            catalog,
+            probe,
+            peers,
+            partitions: RefCell::new(HashMap::new()),
+        }
+    }
+
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    pub fn owner_of(&self, topic: &str, partition: i32) -> usize {
+        owner_shard(topic, partition, self.nshards)
+    }
+
+    /// The open log of a partition this shard owns, opening (and recovering) it on first use.
+    pub async fn partition(
+        &self,
+        topic: &TopicMeta,
+        partition: i32,
+    ) -> Result<Rc<PartitionLog>, StorageError> {
+        debug_assert_eq!(
+            self.owner_of(&topic.name, partition),
+            self.id,
+            "partition served by the wrong shard"
+        );
+        let key = (topic.id, partition);
+        let slot = self
+            .partitions
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| {
+                Rc::new(PartitionSlot {
+                    log: RefCell::new(None),
+                    opening: Semaphore::new(1),
+                })
+            })
+            .clone();
+        if let Some(log) = slot.log.borrow().as_ref() {
+            return Ok(log.clone());
+        }
+        let _permit = slot
+            .opening
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        if let Some(log) = slot.log.borrow().as_ref() {
+            return Ok(log.clone());
+        }
+        let dir = topic.partition_dir(&self.config.data_dir, partition);
+        let log = PartitionLog::open(
+            dir,
+            topic_config::log_config(&topic.configs),
+            LeaderEpoch(0),
+        )
+        .await?;
+        *slot.log.borrow_mut() = Some(log.clone());
+        self.probe
+            .partitions_open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(log)
+    }
+
+    /// The open log of a partition if it is already open (no IO).
+    pub fn open_partition(&self, topic_id: Uuid, partition: i32) -> Option<Rc<PartitionLog>> {
+        self.partitions
+            .borrow()
+            .get(&(topic_id, partition))
+            .and_then(|s| s.log.borrow().clone())
+    }
+
+    /// Applies a topic's new configs to its open logs on this shard.
+    pub fn apply_topic_config(&self, topic: &TopicMeta) {
+        let cfg = topic_config::log_config(&topic.configs);
+        for ((id, _), slot) in self.partitions.borrow().iter() {
+            if *id == topic.id {
+                if let Some(log) = slot.log.borrow().as_ref() {
+                    log.set_config(cfg.clone());
+                }
+            }
+        }
+    }
+
+    /// Closes every open partition of a topic on this shard (DeleteTopics); the caller removes
+    /// the directory once all shards have done so.
+    pub async fn close_topic(&self, topic_id: Uuid) {
+        let slots: Vec<Rc<PartitionSlot>> = {
+            let mut map = self.partitions.borrow_mut();
+            let keys: Vec<_> = map
+                .keys()
+                .filter(|(id, _)| *id == topic_id)
+                .copied()
+                .collect();
+            keys.into_iter().filter_map(|k| map.remove(&k)).collect()
+        };
+        for slot in slots {
+            let log = slot.log.borrow_mut().take();
+            if let Some(log) = log {
+                let _ = log.close().await;
+                self.probe
+                    .partitions_open
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Clean shutdown: every open partition is fsynced and its manifest written.
+    pub async fn close_all(&self) {
+        let slots: Vec<Rc<PartitionSlot>> = self
+            .partitions
+            .borrow_mut()
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for slot in slots {
+            let log = slot.log.borrow_mut().take();
+            if let Some(log) = log {
+                if let Err(e) = log.close().await {
+                    tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing partition failed; it will be recovered from its log on next start");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Ownership is stable, in range, and spreads a topic's partitions over the shards.
+    #[test]
+    fn ownership_spreads() {
+        let mut counts = [0usize; 4];
+        for p in 0..400 {
+            let s = owner_shard("orders", p, 4);
+            assert_eq!(s, owner_shard("orders", p, 4));
+            counts[s] += 1;
+        }
+        assert!(counts.iter().all(|c| *c == 100), "{counts:?}");
+        assert_eq!(owner_shard("x", 3, 1), 0);
+    }
+}

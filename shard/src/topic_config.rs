@@ -1,0 +1,249 @@
+//! Topic configuration: Kafka's names, types, defaults and validation, in one table.
+
+use std::collections::BTreeMap;
+
+use kaas_storage::LogConfig;
+
+/// Kafka's config types as DescribeConfigs v3+ reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigType {
+    Boolean = 1,
+    String = 2,
+    Int = 3,
+    Long = 5,
+    Double = 6,
+    List = 7,
+}
+
+/// One topic config we understand.
+pub struct ConfigDef {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub kind: ConfigType,
+    pub doc: &'static str,
+    /// Allowed values for enumerations; empty for numbers.
+    pub one_of: &'static [&'static str],
+    pub min: i64,
+}
+
+/// The topic configs kaas knows, with Kafka's defaults.
+pub const TOPIC_CONFIGS: &[ConfigDef] = &[
+    ConfigDef {
+        name: "cleanup.policy",
+        default: "delete",
+        kind: ConfigType::List,
+        doc: "delete, compact, or both",
+        one_of: &["delete", "compact", "compact,delete", "delete,compact"],
+        min: 0,
+    },
+    ConfigDef {
+        name: "compression.type",
+        default: "producer",
+        kind: ConfigType::String,
+        doc: "Final compression type for the topic",
+        one_of: &["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"],
+        min: 0,
+    },
+    ConfigDef {
+        name: "delete.retention.ms",
+        default: "86400000",
+        kind: ConfigType::Long,
+        doc: "How long tombstones are kept on compacted topics",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "flush.messages",
+        default: "9223372036854775807",
+        kind: ConfigType::Long,
+        doc: "Force fsync after this many messages (acks=1 data)",
+        one_of: &[],
+        min: 1,
+    },
+    ConfigDef {
+        name: "flush.ms",
+        default: "9223372036854775807",
+        kind: ConfigType::Long,
+        doc: "Force fsync after this long (acks=1 data)",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "max.message.bytes",
+        default: "1048588",
+        kind: ConfigType::Int,
+        doc: "Largest record batch accepted",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "message.timestamp.type",
+        default: "CreateTime",
+        kind: ConfigType::String,
+        doc: "CreateTime or LogAppendTime",
+        one_of: &["CreateTime", "LogAppendTime"],
+        min: 0,
+    },
+    ConfigDef {
+        name: "min.cleanable.dirty.ratio",
+        default: "0.5",
+        kind: ConfigType::Double,
+        doc: "Dirty ratio that triggers compaction",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "min.compaction.lag.ms",
+        default: "0",
+        kind: ConfigType::Long,
+        doc: "Minimum age before a record may be compacted",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "min.insync.replicas",
+        default: "1",
+        kind: ConfigType::Int,
+        doc: "Accepted for compatibility; kaas keeps one copy on shared storage",
+        one_of: &[],
+        min: 1,
+    },
+    ConfigDef {
+        name: "retention.bytes",
+        default: "-1",
+        kind: ConfigType::Long,
+        doc: "Maximum partition size before old segments are deleted",
+        one_of: &[],
+        min: -1,
+    },
+    ConfigDef {
+        name: "retention.ms",
+        default: "604800000",
+        kind: ConfigType::Long,
+        doc: "Maximum age before old segments are deleted",
+        one_of: &[],
+        min: -1,
+    },
+    ConfigDef {
+        name: "segment.bytes",
+        default: "1073741824",
+        kind: ConfigType::Int,
+        doc: "Segment file size",
+        one_of: &[],
+        min: 14,
+    },
+    ConfigDef {
+        name: "segment.ms",
+        default: "604800000",
+        kind: ConfigType::Long,
+        doc: "Roll a segment after this long",
+        one_of: &[],
+        min: 1,
+    },
+    ConfigDef {
+        name: "unclean.leader.election.enable",
+        default: "false",
+        kind: ConfigType::Boolean,
+        doc: "Accepted for compatibility",
+        one_of: &[],
+        min: 0,
+    },
+];
+
+pub fn lookup(name: &str) -> Option<&'static ConfigDef> {
+    TOPIC_CONFIGS.iter().find(|d| d.name == name)
+}
+
+/// Why a config value was refused (becomes INVALID_CONFIG with this message).
+pub fn validate(name: &str, value: &str) -> Result<(), String> {
+    let def = lookup(name).ok_or_else(|| format!("Unknown topic config name: {name}"))?;
+    match def.kind {
+        ConfigType::Int | ConfigType::Long => {
+            let v: i64 = value.parse().map_err(|_| {
+                format!("Invalid value {value} for configuration {name}: not a number")
+            })?;
+            if def.kind == ConfigType::Int && i32::try_from(v).is_err() {
+                return Err(format!(
+                    "Invalid value {value} for configuration {name}: out of range for an int"
+                ));
+            }
+            if v < def.min {
+                return Err(format!(
+                    "Invalid value {value} for configuration {name}: must be at least {}",
+                    def.min
+                ));
+            }
+        }
+        ConfigType::Double => {
+            value.parse::<f64>().map_err(|_| {
+                format!("Invalid value {value} for configuration {name}: not a number")
+            })?;
+        }
+        ConfigType::Boolean => {
+            if !matches!(value, "true" | "false") {
+                return Err(format!(
+                    "Invalid value {value} for configuration {name}: expected true or false"
+                ));
+            }
+        }
+        ConfigType::String | ConfigType::List => {
+            if !def.one_of.is_empty() && !def.one_of.contains(&value) {
+                return Err(format!(
+                    "Invalid value {value} for configuration {name}: expected one of {:?}",
+                    def.one_of
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The effective value of `name` for a topic with overrides `overrides`.
+pub fn effective<'a>(overrides: &'a BTreeMap<String, String>, name: &str) -> Option<&'a str> {
+    overrides
+        .get(name)
+        .map(|s| s.as_str())
+        .or_else(|| lookup(name).map(|d| d.default))
+}
+
+fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
+    effective(overrides, name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The log engine settings a topic's configs imply.
+pub fn log_config(overrides: &BTreeMap<String, String>) -> LogConfig {
+    LogConfig {
+        segment_bytes: number(overrides, "segment.bytes").max(14) as u64,
+        segment_ms: number(overrides, "segment.ms").max(1) as u64,
+    }
+}
+
+/// `max.message.bytes` for the topic.
+pub fn max_message_bytes(overrides: &BTreeMap<String, String>) -> usize {
+    number(overrides, "max.message.bytes").max(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Every default validates against its own definition.
+    #[test]
+    fn defaults_are_valid() {
+        for d in TOPIC_CONFIGS {
+            validate(d.name, d.default).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        }
+    }
+
+    // Unknown names, bad numbers and bad enumerations are refused with a reason.
+    #[test]
+    fn refusals() {
+        assert!(validate("no.such.config", "1").is_err());
+        assert!(validate("retention.ms", "soon").is_err());
+        assert!(validate("segment.bytes", "3").is_err());
+        assert!(validate("cleanup.policy", "shred").is_err());
+        assert!(validate("cleanup.policy", "compact").is_ok());
+    }
+}

@@ -1,0 +1,266 @@
+//! The broker's health, readiness and metrics, read from the shards' probes (atomics) on the
+//! control thread.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kaas_control::health::HealthSource;
+use kaas_shard::catalog::Catalog;
+use kaas_shard::config::BrokerConfig;
+use kaas_shard::probe::{api_name, LatencyProbe, ShardProbe, API_KEYS, LATENCY_BUCKETS_US};
+
+/// A shard whose tick has not moved for this long is reported dead.
+const SHARD_STALL: Duration = Duration::from_secs(2);
+
+pub struct HealthView {
+    config: Arc<BrokerConfig>,
+    catalog: Arc<Catalog>,
+    probes: Vec<Arc<ShardProbe>>,
+    /// Last tick seen per shard and when it was seen (control thread only).
+    last_ticks: Mutex<Vec<(u64, Instant)>>,
+    started: Instant,
+}
+
+impl HealthView {
+    pub fn new(
+        config: Arc<BrokerConfig>,
+        catalog: Arc<Catalog>,
+        probes: Vec<Arc<ShardProbe>>,
+    ) -> Self {
+        let now = Instant::now();
+        let last_ticks = Mutex::new(
+            probes
+                .iter()
+                .map(|p| (p.alive_ticks.load(Ordering::Relaxed), now))
+                .collect(),
+        );
+        HealthView {
+            config,
+            catalog,
+            probes,
+            last_ticks,
+            started: now,
+        }
+    }
+
+    fn shards_alive(&self) -> Vec<bool> {
+        let now = Instant::now();
+        let mut last = self.last_ticks.lock().unwrap_or_else(|p| p.into_inner());
+        self.probes
+            .iter()
+            .zip(last.iter_mut())
+            .map(|(p, (tick, seen))| {
+                let t = p.alive_ticks.load(Ordering::Relaxed);
+                if t != *tick {
+                    *tick = t;
+                    *seen = now;
+                }
+                !p.stopped.load(Ordering::Relaxed) && now.duration_since(*seen) < SHARD_STALL
+            })
+            .collect()
+    }
+
+    fn view(&self) -> (bool, bool, serde_json::Value) {
+        let alive = self.shards_alive();
+        let bound = self
+            .probes
+            .iter()
+            .all(|p| p.listener_bound.load(Ordering::Relaxed));
+        let all_alive = alive.iter().all(|a| *a);
+        let snapshot = self.catalog.snapshot();
+        let partitions: i64 = snapshot.topics.values().map(|t| t.partitions as i64).sum();
+        let shards: Vec<_> = self
+            .probes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                serde_json::json!({
+                    "id": i,
+                    "alive": alive[i],
+                    "listener_bound": p.listener_bound.load(Ordering::Relaxed),
+                    "connections": p.connections_open.load(Ordering::Relaxed),
+                    "partitions_open": p.partitions_open.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        let body = serde_json::json!({
+            "status": if all_alive { "ok" } else { "degraded" },
+            "version": env!("CARGO_PKG_VERSION"),
+            "mode": "single-node",
+            "broker_id": self.config.broker_id,
+            "cluster_id": self.catalog.cluster_id(),
+            "listener": self.config.listen.to_string(),
+            "uptime_s": self.started.elapsed().as_secs(),
+            "topics": snapshot.topics.len(),
+            "partitions": partitions,
+            "partitions_led": partitions,
+            "shards": shards,
+        });
+        (all_alive, all_alive && bound, body)
+    }
+}
+
+impl HealthSource for HealthView {
+    fn healthz(&self) -> (bool, String) {
+        let (alive, _, body) = self.view();
+        (alive, body.to_string())
+    }
+
+    fn readyz(&self) -> (bool, String) {
+        let (_, ready, body) = self.view();
+        let bound = self
+            .probes
+            .iter()
+            .all(|p| p.listener_bound.load(Ordering::Relaxed));
+        let reason = if ready {
+            "serving".to_string()
+        } else if !bound {
+            "Kafka listener not bound on every shard".to_string()
+        } else {
+            "a shard is not alive".to_string()
+        };
+        (
+            ready,
+            serde_json::json!({ "ready": ready, "reason": reason, "shards": body["shards"] })
+                .to_string(),
+        )
+    }
+
+    fn metrics(&self) -> String {
+        let mut out = String::new();
+        let sum =
+            |f: &dyn Fn(&ShardProbe) -> u64| -> u64 { self.probes.iter().map(|p| f(p)).sum() };
+        let _ = writeln!(out, "# HELP kaas_requests_total Kafka requests received, by API.\n# TYPE kaas_requests_total counter");
+        for key in 0..API_KEYS {
+            let n = sum(&|p| p.requests[key].load(Ordering::Relaxed));
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "kaas_requests_total{{api=\"{}\",api_key=\"{key}\"}} {n}",
+                    api_name(key as i16).unwrap_or("Other")
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP kaas_request_errors_total Requests that could not be answered, by API.\n# TYPE kaas_request_errors_total counter");
+        for key in 0..API_KEYS {
+            let n = sum(&|p| p.request_errors[key].load(Ordering::Relaxed));
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "kaas_request_errors_total{{api=\"{}\"}} {n}",
+                    api_name(key as i16).unwrap_or("Other")
+                );
+            }
+        }
+        let counters: [(&str, &str, u64); 5] = [
+            (
+                "kaas_bytes_in_total",
+                "Bytes of Kafka requests received.",
+                sum(&|p| p.bytes_in.load(Ordering::Relaxed)),
+            ),
+            (
+                "kaas_bytes_out_total",
+                "Bytes of Kafka responses sent.",
+                sum(&|p| p.bytes_out.load(Ordering::Relaxed)),
+            ),
+            (
+                "kaas_protocol_errors_total",
+                "Connections closed for malformed, oversized or unsupported requests.",
+                sum(&|p| p.protocol_errors.load(Ordering::Relaxed)),
+            ),
+            (
+                "kaas_connections_total",
+                "Connections accepted.",
+                sum(&|p| p.connections_total.load(Ordering::Relaxed)),
+            ),
+            (
+                "kaas_errors_total",
+                "Requests that failed inside the broker.",
+                self.probes
+                    .iter()
+                    .map(|p| {
+                        p.request_errors
+                            .iter()
+                            .map(|c| c.load(Ordering::Relaxed))
+                            .sum::<u64>()
+                    })
+                    .sum(),
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+        let gauges: [(&str, &str, u64); 2] = [
+            (
+                "kaas_connections_open",
+                "Open client connections.",
+                sum(&|p| p.connections_open.load(Ordering::Relaxed)),
+            ),
+            (
+                "kaas_partitions_open",
+                "Partition logs open on the shards.",
+                sum(&|p| p.partitions_open.load(Ordering::Relaxed)),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let alive = self.shards_alive();
+        let _ = writeln!(out, "# HELP kaas_shard_alive 1 while the shard's executor is making progress.\n# TYPE kaas_shard_alive gauge");
+        for (i, a) in alive.iter().enumerate() {
+            let _ = writeln!(out, "kaas_shard_alive{{shard=\"{i}\"}} {}", *a as u8);
+        }
+        histogram(
+            &mut out,
+            "kaas_produce_latency_seconds",
+            "Produce request latency, receipt to response (acks=all includes the fsync).",
+            self.probes.iter().map(|p| &p.produce_latency),
+        );
+        histogram(
+            &mut out,
+            "kaas_fetch_latency_seconds",
+            "Fetch request latency, including long-poll waiting.",
+            self.probes.iter().map(|p| &p.fetch_latency),
+        );
+        out
+    }
+}
+
+fn histogram<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    probes: impl Iterator<Item = &'a LatencyProbe>,
+) {
+    let mut buckets = vec![0u64; LATENCY_BUCKETS_US.len() + 1];
+    let (mut sum_us, mut count) = (0u64, 0u64);
+    for p in probes {
+        let (b, s, c) = p.read();
+        for (acc, x) in buckets.iter_mut().zip(b) {
+            *acc += x;
+        }
+        sum_us += s;
+        count += c;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (i, le) in LATENCY_BUCKETS_US.iter().enumerate() {
+        cumulative += buckets[i];
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"{}\"}} {cumulative}",
+            *le as f64 / 1e6
+        );
+    }
+    cumulative += buckets[LATENCY_BUCKETS_US.len()];
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {}\n{name}_count {count}",
+        sum_us as f64 / 1e6
+    );
+}
