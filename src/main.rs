@@ -76,6 +76,26 @@ fn parse_advertised(s: &str) -> anyhow::Result<(String, u16)> {
     ))
 }
 
+/// Holds an exclusive lock on the data directory for the life of the process, so two brokers
+/// can never write the same logs.
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating data directory {}", dir.display()))?;
+    let path = dir.join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("data directory {} is in use by another kaas process (lock {} is held); stop it or choose another --data-dir", dir.display(), path.display());
+    }
+    Ok(file)
+}
+
 fn main() {
     let args = Args::parse();
     tracing_subscriber::fmt()
@@ -122,6 +142,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes as usize,
         io_memory_bytes: args.io_memory_bytes,
     };
+    let _lock = lock_data_dir(&args.data_dir)?;
+    // The shards' listeners use SO_REUSEPORT, which would let a second broker share this port
+    // silently and split the traffic. A plain bind first proves the port is free.
+    drop(std::net::TcpListener::bind(args.listen).with_context(|| {
+        format!(
+            "the Kafka port {} is in use (another kaas or Kafka broker?)",
+            args.listen
+        )
+    })?);
     // Bind the health endpoint first so a port clash fails before any data is touched.
     let health = std::net::TcpListener::bind(args.health_listen)
         .with_context(|| format!("binding the health endpoint on {}", args.health_listen))?;
