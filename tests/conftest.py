@@ -121,6 +121,7 @@ class Broker:
         self._log_file.flush()
         env = dict(os.environ)
         env.setdefault("RUST_BACKTRACE", "1")
+        env.setdefault("NO_COLOR", "1")
         if self.kind == "apache-kafka":
             env.setdefault("KAFKA_HEAP_OPTS", "-Xmx1g -Xms512m")
         self.proc = subprocess.Popen(

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# scripts/install-test-deps.sh — install what the kaas test suites need on a fresh Debian
+# machine, as root. Idempotent: a rerun only checks that everything is in place.
+#
+#   apt:    kcat (librdkafka CLI), maven + a JDK (for the Java client and Kafka tools),
+#           python3/pip if missing, curl, build essentials for cargo
+#   PyPI:   tests/requirements.txt (pytest, kafka-python, confluent-kafka, requests, ...)
+#   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
+#   Rust:   rustfmt and clippy components, when rustup is present
+#
+# Environment: KAAS_SKIP_APT=1 skips apt-get (e.g. when not root).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+export DEBIAN_FRONTEND=noninteractive
+
+log() { echo "install-test-deps: $*" >&2; }
+
+retry() {  # retry CMD...: three attempts with a pause, for registry hiccups
+    local n
+    for n in 1 2 3; do
+        if "$@"; then return 0; fi
+        log "attempt $n failed: $*"
+        sleep $((n * 5))
+    done
+    return 1
+}
+
+# -- Debian packages --------------------------------------------------------------------------
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+need=()
+installed kcat || need+=(kcat)
+# tools that may come from elsewhere on the image (pyenv python, a JDK under /usr/lib/jvm, ...)
+command -v mvn >/dev/null || need+=(maven)
+{ command -v java >/dev/null && command -v javac >/dev/null; } || need+=(default-jdk-headless)
+command -v python3 >/dev/null || need+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v curl >/dev/null || need+=(curl ca-certificates)
+command -v cc >/dev/null || need+=(build-essential pkg-config)
+
+if [[ ${#need[@]} -gt 0 && "${KAAS_SKIP_APT:-0}" != 1 ]]; then
+    log "apt-get install ${need[*]}"
+    retry apt-get update -qq
+    retry apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+else
+    log "Debian packages present"
+fi
+command -v kcat >/dev/null || { log "kcat still missing"; exit 1; }
+
+# -- Python packages --------------------------------------------------------------------------
+pip_flags=(-q --disable-pip-version-check --root-user-action=ignore)
+# Debian's own python refuses system-wide pip installs unless told otherwise
+if python3 -c 'import sys; sys.exit(0 if sys.prefix == sys.base_prefix else 1)' \
+   && [[ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')/EXTERNALLY-MANAGED" ]]; then
+    pip_flags+=(--break-system-packages)
+fi
+if python3 - "$repo/tests/requirements.txt" <<'PY'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+ok = True
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, _, want = line.partition("==")
+    try:
+        if version(name) != want:
+            ok = False
+    except PackageNotFoundError:
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+then
+    log "Python packages present"
+else
+    log "pip install -r tests/requirements.txt"
+    retry python3 -m pip install "${pip_flags[@]}" -r "$repo/tests/requirements.txt"
+fi
+
+# -- Rust components used by scripts/test.sh ------------------------------------------------
+if command -v rustup >/dev/null; then
+    for c in rustfmt clippy; do
+        rustup component list --installed 2>/dev/null | grep -q "^$c" \
+            || retry rustup component add "$c"
+    done
+fi
+
+# -- Apache Kafka jars --------------------------------------------------------------------------
+libs="$(retry "$here/fetch-kafka.sh")"
+log "Kafka jars in $libs ($(cat "$libs/.kafka-version" 2>/dev/null || echo '?'))"
+log "done"
