@@ -118,6 +118,7 @@ pub enum StartFrom {
 }
 
 #[derive(Args, Debug, Clone, Serialize)]
+#[command(args_override_self = true)]
 pub struct Opts {
     /// Any broker of the cluster, HOST:PORT.
     #[arg(long, default_value = "127.0.0.1:9092")]
@@ -458,6 +459,23 @@ mod tests {
         assert_eq!(o.max_request_size, 1 << 20);
         assert_eq!(o.acks.wire_value(), -1);
         assert_eq!(Acks::None.wire_value(), 0);
+    }
+
+    /// A repeated option takes its last value, so scripts can append overrides to defaults.
+    #[test]
+    fn later_options_override_earlier_ones() {
+        let cli = parse(&[
+            "consume",
+            "--warmup",
+            "2s",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+        ])
+        .unwrap();
+        assert_eq!(cli.mode.opts().warmup_for(true), Duration::ZERO);
+        assert_eq!(cli.mode.opts().duration, Duration::from_secs(1));
     }
 
     /// Bad values are refused with an error rather than silently clamped.

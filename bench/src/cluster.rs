@@ -31,6 +31,7 @@ pub const CREATE_TOPICS_VERSION_CAP: i16 = 7;
 
 const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 const LEADER_NOT_AVAILABLE: i16 = 5;
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const TOPIC_ALREADY_EXISTS: i16 = 36;
 
 /// ListOffsets timestamps with special meaning.
@@ -104,12 +105,18 @@ impl Cluster {
                             );
                         }
                     }
-                    return Ok(Cluster {
+                    let cluster = Cluster {
                         bootstrap: conn,
                         brokers,
                         topic: topic_info.unwrap(),
                         client_id: client_id.to_string(),
-                    });
+                    };
+                    // Every leader answers for its partitions before any load is sent.
+                    cluster
+                        .list_offsets(LATEST_TIMESTAMP)
+                        .await
+                        .with_context(|| format!("waiting for topic {topic} to be served"))?;
+                    return Ok(cluster);
                 }
                 (UNKNOWN_TOPIC_OR_PARTITION, _) if !created => {
                     let Some((partitions, rf, configs)) = create else {
@@ -157,51 +164,77 @@ impl Cluster {
     }
 
     /// Offsets of every partition at `timestamp` (LATEST_TIMESTAMP or EARLIEST_TIMESTAMP),
-    /// asked of each partition's leader.
+    /// asked of each partition's leader. A broker may name a leader in its metadata before that
+    /// leader serves the partition (Kafka does, just after CreateTopics), so retriable errors
+    /// are retried for up to 60 s.
     pub async fn list_offsets(&self, timestamp: i64) -> Result<BTreeMap<i32, i64>> {
         let all: Vec<i32> = self.topic.partitions.iter().map(|p| p.index).collect();
         let conns = self.connect_leaders(&all, 1).await?;
-        let mut by_leader: HashMap<i32, Vec<i32>> = HashMap::new();
+        let mut by_leader: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
         for &p in &all {
             by_leader.entry(self.leader_of(p)).or_default().push(p);
         }
+        let deadline = Instant::now() + Duration::from_secs(60);
         let mut out = BTreeMap::new();
-        for (leader, parts) in by_leader {
-            let mut req = ListOffsetsRequest::default();
-            req.replica_id = BrokerId(-1);
-            let mut t = ListOffsetsTopic::default();
-            t.name = TopicName(StrBytes::from_string(self.topic.name.clone()));
-            for p in &parts {
-                let mut lp = ListOffsetsPartition::default();
-                lp.partition_index = *p;
-                lp.current_leader_epoch = -1;
-                lp.timestamp = timestamp;
-                t.partitions.push(lp);
-            }
-            req.topics.push(t);
-            let (resp, _) = conns[&leader].call(&req, LIST_OFFSETS_VERSION_CAP).await?;
-            for t in resp.topics {
-                for p in t.partitions {
-                    if p.error_code != 0 {
-                        bail!(
-                            "ListOffsets partition {}: {}",
-                            p.partition_index,
-                            describe(p.error_code)
-                        );
+        loop {
+            let mut last_error = None;
+            for (leader, parts) in &by_leader {
+                let mut req = ListOffsetsRequest::default();
+                req.replica_id = BrokerId(-1);
+                let mut t = ListOffsetsTopic::default();
+                t.name = TopicName(StrBytes::from_string(self.topic.name.clone()));
+                for p in parts.iter().filter(|p| !out.contains_key(*p)) {
+                    let mut lp = ListOffsetsPartition::default();
+                    lp.partition_index = *p;
+                    lp.current_leader_epoch = -1;
+                    lp.timestamp = timestamp;
+                    t.partitions.push(lp);
+                }
+                if t.partitions.is_empty() {
+                    continue;
+                }
+                req.topics.push(t);
+                let (resp, _) = conns[leader].call(&req, LIST_OFFSETS_VERSION_CAP).await?;
+                for t in resp.topics {
+                    for p in t.partitions {
+                        if p.error_code == 0 {
+                            out.insert(p.partition_index, p.offset);
+                        } else if is_retriable(p.error_code) {
+                            last_error = Some((p.partition_index, p.error_code));
+                        } else {
+                            bail!(
+                                "ListOffsets partition {}: {}",
+                                p.partition_index,
+                                describe(p.error_code)
+                            );
+                        }
                     }
-                    out.insert(p.partition_index, p.offset);
                 }
             }
+            if out.len() == all.len() {
+                return Ok(out);
+            }
+            if Instant::now() > deadline {
+                let detail = last_error
+                    .map(|(p, c)| format!(" (partition {p}: {})", describe(c)))
+                    .unwrap_or_default();
+                bail!(
+                    "ListOffsets answered {} of {} partitions after 60 s{detail}",
+                    out.len(),
+                    all.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if out.len() != all.len() {
-            bail!(
-                "ListOffsets answered {} of {} partitions",
-                out.len(),
-                all.len()
-            );
-        }
-        Ok(out)
     }
+}
+
+/// Errors that mean "not yet": leadership or the partition itself is still being set up.
+fn is_retriable(code: i16) -> bool {
+    matches!(
+        code,
+        UNKNOWN_TOPIC_OR_PARTITION | LEADER_NOT_AVAILABLE | NOT_LEADER_OR_FOLLOWER | 7 | 9
+    )
 }
 
 type MetadataAnswer = (HashMap<i32, String>, Option<TopicInfo>, i16);

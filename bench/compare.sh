@@ -1,0 +1,351 @@
+#!/usr/bin/env bash
+# bench/compare.sh — kaas and Apache Kafka 4.x side by side: one machine, one run, same clients.
+#
+# Starts both brokers (their data in one directory, so on the same disk; Kafka single-node KRaft
+# through scripts/run-apache-kafka.sh with a fixed heap), runs the same workloads against each
+# with the same clients — kaas-bench, and Kafka's own ProducerPerformance / ConsumerPerformance
+# from the Kafka jars — alternating which broker goes first, records each broker's resident
+# memory from /proc after every workload, and prints a table of figures and kaas/Kafka ratios
+# with the durability of each row. Every process it starts is stopped when it exits.
+#
+# Usage: bench/compare.sh [--duration SECONDS] [--warmup SECONDS] [--long] [--quick]
+#                         [--e2e-rate MSG_PER_S] [--only kaas|kafka] [--workloads LIST]
+#                         [--kaas-bin PATH] [--bench-bin PATH] [--kafka-heap OPTS]
+#                         [--shards N] [--workdir DIR] [--keep] [--markdown FILE]
+#   --duration   measured seconds per workload and broker (default 10; --long = 60, --quick = 3)
+#   --warmup     warm-up seconds before each measurement (default 2)
+#   --e2e-rate   fixed rate of the end-to-end workload, below both brokers' saturation (10000)
+#   --only       run one broker (the other's columns read n/a); kaas is skipped automatically,
+#                with a note, when its binary does not exist
+#   --workloads  comma-separated subset of: produce-acks1,produce-acksall,produce-flush,
+#                consume,e2e,partitions1000 (default: all)
+#   --kaas-bin   default: $KAAS_BIN, else ~/.cache/kaas-target/release/kaas, else target/release/kaas
+#   --bench-bin  default: built here with `cargo build --release -p kaas-bench`
+#                (CARGO_TARGET_DIR=${KAAS_BENCH_TARGET_DIR:-~/.cache/kaas-target-bench})
+#   --kafka-heap JVM heap of the Kafka broker (default "-Xmx1g -Xms1g", Kafka's own default)
+#   --shards     kaas shards (default: nproc)
+#   --workdir    where data, logs and results go (default ~/.cache/kaas/compare/<timestamp>);
+#                broker data is deleted at the end unless --keep
+#   --markdown   also write the table (markdown) to this file
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+
+duration=10
+warmup=2
+e2e_rate=10000
+only=""
+workloads="produce-acks1,produce-acksall,produce-flush,consume,e2e,partitions1000"
+kaas_bin=""
+bench_bin=""
+kafka_heap="-Xmx1g -Xms1g"
+shards="$(nproc)"
+workdir=""
+keep=0
+markdown=""
+
+die() { echo "compare.sh: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --duration) duration="$2"; shift 2 ;;
+        --warmup) warmup="$2"; shift 2 ;;
+        --long) duration=60; shift ;;
+        --quick) duration=3; warmup=1; shift ;;
+        --e2e-rate) e2e_rate="$2"; shift 2 ;;
+        --only) only="$2"; shift 2 ;;
+        --workloads) workloads="$2"; shift 2 ;;
+        --kaas-bin) kaas_bin="$2"; shift 2 ;;
+        --bench-bin) bench_bin="$2"; shift 2 ;;
+        --kafka-heap) kafka_heap="$2"; shift 2 ;;
+        --shards) shards="$2"; shift 2 ;;
+        --workdir) workdir="$2"; shift 2 ;;
+        --keep) keep=1; shift ;;
+        --markdown) markdown="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+[[ "$duration" =~ ^[0-9]+$ && "$warmup" =~ ^[0-9]+$ && "$e2e_rate" =~ ^[0-9]+$ ]] \
+    || die "--duration, --warmup and --e2e-rate take whole numbers"
+[[ -z "$only" || "$only" == kaas || "$only" == kafka ]] || die "--only takes kaas or kafka"
+has_workload() { [[ ",$workloads," == *",$1,"* ]]; }
+
+log() { echo "[compare $(date +%H:%M:%S)] $*" >&2; }
+
+# ---- binaries ---------------------------------------------------------------------------------
+if [[ -z "$kaas_bin" ]]; then
+    for c in "${KAAS_BIN:-}" "$HOME/.cache/kaas-target/release/kaas" "$root/target/release/kaas"; do
+        if [[ -n "$c" && -x "$c" ]]; then kaas_bin="$c"; break; fi
+    done
+fi
+brokers=()
+notes=()
+if [[ "$only" != kafka ]]; then
+    if [[ -n "$kaas_bin" && -x "$kaas_bin" ]]; then
+        brokers+=(kaas)
+    else
+        notes+=("kaas binary not found (looked at \$KAAS_BIN, ~/.cache/kaas-target/release/kaas, target/release/kaas): kaas columns are n/a")
+        log "${notes[-1]}"
+    fi
+fi
+[[ "$only" == kaas ]] || brokers+=(kafka)
+[[ ${#brokers[@]} -gt 0 ]] || die "no broker to run"
+
+if [[ -z "$bench_bin" ]]; then
+    log "building kaas-bench (release)"
+    CARGO_TARGET_DIR="${KAAS_BENCH_TARGET_DIR:-$HOME/.cache/kaas-target-bench}" \
+        cargo build --release -q -p kaas-bench --manifest-path "$root/Cargo.toml"
+    bench_bin="${KAAS_BENCH_TARGET_DIR:-$HOME/.cache/kaas-target-bench}/release/kaas-bench"
+fi
+[[ -x "$bench_bin" ]] || die "kaas-bench binary $bench_bin not found"
+kafka_libs="$("$root/scripts/fetch-kafka.sh")"
+kafka_version="$(cat "$kafka_libs/.kafka-version" 2>/dev/null || echo unknown)"
+
+# ---- work directory and process control ---------------------------------------------------------
+workdir="${workdir:-$HOME/.cache/kaas/compare/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$workdir"
+workdir="$(cd "$workdir" && pwd)"
+res="$workdir/results"
+mkdir -p "$res"
+log "work directory $workdir"
+
+declare -A pid addr
+started=()
+stop_all() {
+    local p
+    for p in "${started[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${started[@]}"; do
+        for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    started=()
+    if [[ $keep == 0 ]]; then rm -rf "$workdir/kaas-data" "$workdir/kafka-data"; fi
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+wait_port() { # PORT SECONDS PID
+    local i
+    for i in $(seq 1 $(($2 * 5))); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.2
+    done
+    return 1
+}
+rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+hwm_kib() { awk '/^VmHWM:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+start_kaas() {
+    local port hport
+    port="$(free_port)"; hport="$(free_port)"
+    mkdir -p "$workdir/kaas-data"
+    "$kaas_bin" --listen "127.0.0.1:$port" --advertised-listener "127.0.0.1:$port" \
+        --data-dir "$workdir/kaas-data" --shards "$shards" --health-listen "127.0.0.1:$hport" \
+        > "$workdir/kaas.log" 2>&1 &
+    pid[kaas]=$!; started+=("$!"); addr[kaas]="127.0.0.1:$port"
+    local i
+    for i in $(seq 1 300); do
+        if curl -sf -o /dev/null "http://127.0.0.1:$hport/readyz"; then
+            log "kaas ready on ${addr[kaas]} (pid ${pid[kaas]})"; return 0
+        fi
+        kill -0 "${pid[kaas]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    tail -20 "$workdir/kaas.log" >&2
+    die "kaas did not become ready within 30 s"
+}
+
+start_kafka() {
+    local port
+    port="$(free_port)"
+    KAFKA_HEAP_OPTS="$kafka_heap" "$root/scripts/run-apache-kafka.sh" "$port" "$workdir/kafka-data" \
+        > "$workdir/kafka.log" 2>&1 &
+    pid[kafka]=$!; started+=("$!"); addr[kafka]="127.0.0.1:$port"
+    if ! wait_port "$port" 120 "${pid[kafka]}"; then
+        tail -20 "$workdir/kafka.log" >&2
+        die "Apache Kafka did not start within 120 s"
+    fi
+    # Wait until it answers metadata (the listener opens before the broker is unfenced).
+    local i
+    for i in $(seq 1 60); do
+        if "$bench_bin" produce --bootstrap "${addr[kafka]}" --topic compare-probe --partitions 1 \
+            --duration 0s --warmup 0s --quiet > /dev/null 2>&1; then
+            log "Apache Kafka $kafka_version ready on ${addr[kafka]} (pid ${pid[kafka]})"; return 0
+        fi
+        sleep 1
+    done
+    die "Apache Kafka did not answer within 60 s"
+}
+
+for b in "${brokers[@]}"; do "start_$b"; done
+
+# ---- runners ------------------------------------------------------------------------------------
+# Each writes its raw output to $res/<workload>.<broker>.<tool>.{txt,json}; failures are
+# recorded and the run goes on (the table shows n/a).
+kb() { # WORKLOAD BROKER MODE kaas-bench-args... (later options override the defaults here)
+    local w="$1" b="$2" mode="$3"; shift 3
+    local base="$res/$w.$b.kb"
+    log "$w on $b: kaas-bench $mode $*"
+    if ! timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
+        --warmup "${warmup}s" --duration "${duration}s" --quiet --json "$base.json" "$@" \
+        > "$base.txt" 2>&1; then
+        log "  kaas-bench failed, see $base.txt"; tail -5 "$base.txt" >&2 || true
+    fi
+    grep -E '^(produce|consume)' "$base.txt" | sed 's/^/    /' >&2 || true
+}
+
+json_field() { # FILE PYTHON-EXPR-ON-d
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null || echo ""
+}
+
+pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
+    local w="$1" b="$2" topic="$3" acks="$4" records="$5" tput="$6" wrec="$7"
+    local base="$res/$w.$b.pp"
+    [[ -n "$records" && "$records" -gt 0 ]] || { log "$w on $b: ProducerPerformance skipped (no record count)"; return; }
+    log "$w on $b: ProducerPerformance acks=$acks records=$records throughput=$tput"
+    timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
+        org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
+        --record-size 1024 --throughput "$tput" --warmup-records "$wrec" \
+        --command-property "bootstrap.servers=${addr[$b]}" "acks=$acks" batch.size=16384 \
+        linger.ms=5 compression.type=none \
+        > "$base.txt" 2>&1 || log "  ProducerPerformance failed or timed out, see $base.txt"
+    grep -E 'records sent' "$base.txt" | tail -1 | sed 's/^/    /' >&2 || true
+}
+
+cperf() { # WORKLOAD BROKER TOPIC MESSAGES
+    local w="$1" b="$2" topic="$3" n="$4"
+    local base="$res/$w.$b.cp"
+    [[ -n "$n" && "$n" -gt 0 ]] || { log "$w on $b: ConsumerPerformance skipped (nothing stored)"; return; }
+    log "$w on $b: ConsumerPerformance num-records=$n"
+    timeout $((duration * 6 + 120)) java -Xmx512m -cp "$kafka_libs/*" \
+        org.apache.kafka.tools.ConsumerPerformance --bootstrap-server "${addr[$b]}" \
+        --topic "$topic" --num-records "$n" --timeout 15000 --group "compare-$w-$RANDOM" \
+        > "$base.txt" 2>&1 || log "  ConsumerPerformance failed or timed out, see $base.txt"
+    tail -1 "$base.txt" | sed 's/^/    /' >&2 || true
+}
+
+memory() { # WORKLOAD
+    local b
+    for b in "${brokers[@]}"; do
+        echo "$1 $b $(rss_kib "${pid[$b]}") $(hwm_kib "${pid[$b]}")" >> "$res/memory.txt"
+    done
+}
+
+# ABBA: even-numbered workloads run kaas first, odd ones Kafka first; the Kafka tools then run
+# in the reverse order, so neither broker always goes first.
+turn=0
+order() {
+    if [[ ${#brokers[@]} -eq 1 ]]; then echo "${brokers[0]}"; return; fi
+    if (( turn % 2 == 0 )); then echo "kaas kafka"; else echo "kafka kaas"; fi
+}
+reverse() { local out="" x; for x in "$@"; do out="$x $out"; done; echo "$out"; }
+kb_rate() { json_field "$res/$1.$2.kb.json" "int(d['produce']['msg_per_s'])"; }
+
+produce_workload() { # WORKLOAD TOPIC PARTITIONS ACKS [kaas-bench extra args...]
+    local w="$1" topic="$2" parts="$3" acks="$4"; shift 4
+    local b rate
+    local -a bs
+    read -r -a bs <<< "$(order)"
+    for b in "${bs[@]}"; do
+        kb "$w" "$b" produce --topic "$topic" --partitions "$parts" --message-size 1024 \
+            --acks "$acks" "$@"
+    done
+    for b in $(reverse "${bs[@]}"); do
+        # ProducerPerformance writes what kaas-bench sustained on the same broker for the same
+        # time, unthrottled, after the same warm-up.
+        rate="$(kb_rate "$w" "$b")"
+        [[ -n "$rate" ]] || rate=0
+        pp "$w" "$b" "$topic" "$acks" $((rate * (duration + warmup))) -1 $((rate * warmup))
+    done
+    memory "$w"
+    turn=$((turn + 1))
+}
+
+# A partition's first append is expensive on Kafka (it writes and fsyncs the partition's leader
+# epoch checkpoint, ~15 ms here), so a just-created 1000-partition topic runs at ~1000 msg/s
+# for its first ~15 s. Every topic therefore gets one round of small batches over all its
+# partitions (batch size 1 makes the sticky partitioner move on after every message) on every
+# broker before anything is measured.
+prime() { # BROKER TOPIC PARTITIONS [extra kaas-bench args]
+    local b="$1" topic="$2" parts="$3"; shift 3
+    log "priming $topic ($parts partitions) on $b"
+    timeout 120 "$bench_bin" produce --bootstrap "${addr[$b]}" --topic "$topic" \
+        --partitions "$parts" --message-size 1024 --acks 1 --batch-size 1 \
+        --rate $((parts * 2)) --warmup 0s --duration 1s --quiet "$@" \
+        > "$res/prime.$b.$topic.txt" 2>&1 || log "  priming $topic on $b failed, see $res/prime.$b.$topic.txt"
+}
+for b in "${brokers[@]}"; do
+    if has_workload produce-acks1 || has_workload produce-acksall || has_workload consume; then
+        prime "$b" c-p100 100
+    fi
+    if has_workload e2e; then prime "$b" c-e2e 100; fi
+    if has_workload partitions1000; then prime "$b" c-p1000 1000; fi
+    if has_workload produce-flush && [[ "$b" == kafka ]]; then
+        prime "$b" c-p100-flush 100 --topic-config flush.messages=1
+    fi
+done
+
+echo "duration=$duration warmup=$warmup e2e_rate=$e2e_rate brokers=${brokers[*]} kafka=$kafka_version" \
+    > "$res/params.txt"
+: > "$res/memory.txt"
+memory start
+
+if has_workload produce-acks1; then
+    produce_workload produce-acks1 c-p100 100 1
+fi
+if has_workload produce-acksall; then
+    produce_workload produce-acksall c-p100 100 all
+fi
+if has_workload produce-flush && [[ " ${brokers[*]} " == *" kafka "* ]]; then
+    # Like-for-like durability: Kafka fsyncs every append (flush.messages=1 on the topic).
+    kb produce-flush kafka produce --topic c-p100-flush --partitions 100 --message-size 1024 \
+        --acks all --topic-config flush.messages=1
+    rate="$(kb_rate produce-flush kafka)"
+    pp produce-flush kafka c-p100-flush all $(( ${rate:-0} * (duration + warmup) )) -1 $(( ${rate:-0} * warmup ))
+    memory produce-flush
+fi
+if has_workload consume; then
+    # Reads what the produce workloads stored in c-p100 (from the log start).
+    read -r -a bs <<< "$(order)"
+    for b in "${bs[@]}"; do
+        kb consume "$b" consume --topic c-p100 --partitions 100 --from earliest --warmup 0s
+    done
+    for b in $(reverse "${bs[@]}"); do
+        n="$(json_field "$res/consume.$b.kb.json" "d['consume']['expected_messages']")"
+        cperf consume "$b" c-p100 "${n:-0}"
+    done
+    memory consume
+    turn=$((turn + 1))
+fi
+if has_workload e2e; then
+    read -r -a bs <<< "$(order)"
+    for b in "${bs[@]}"; do
+        kb e2e "$b" e2e --topic c-e2e --partitions 100 --message-size 1024 --acks all \
+            --rate "$e2e_rate"
+    done
+    for b in $(reverse "${bs[@]}"); do
+        pp e2e "$b" c-e2e all $((e2e_rate * (duration + warmup))) "$e2e_rate" $((e2e_rate * warmup))
+    done
+    memory e2e
+    turn=$((turn + 1))
+fi
+if has_workload partitions1000; then
+    produce_workload partitions1000 c-p1000 1000 1
+fi
+memory end
+
+# ---- report -------------------------------------------------------------------------------------
+machine="$(nproc) cores ($(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo)), $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r), disk $(df -h "$workdir" | awk 'NR==2{print $1" ("$2")"}')"
+printf '%s\n' "${notes[@]}" > "$res/notes.txt"
+python3 "$here/compare_table.py" "$res" --machine "$machine" --kafka-version "$kafka_version" \
+    --kafka-heap "$kafka_heap" --shards "$shards" --duration "$duration" --warmup "$warmup" \
+    --e2e-rate "$e2e_rate" > "$res/table.md"
+cat "$res/table.md"
+if [[ -n "$markdown" ]]; then cp "$res/table.md" "$markdown"; fi
+log "results in $res"

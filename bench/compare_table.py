@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Turns the raw results of bench/compare.sh into one markdown table of figures and ratios.
+
+Reads RESULTS_DIR/<workload>.<broker>.<tool>.{json,txt} (kb = kaas-bench JSON, pp =
+ProducerPerformance output, cp = ConsumerPerformance output) and memory.txt, and prints the
+table on stdout. A figure that is missing (a tool failed, a broker was not run) reads n/a.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+BROKERS = ("kaas", "kafka")
+
+DURABILITY = {
+    "produce-acks1": "both ack after the write, before any fsync",
+    "produce-acksall": "kaas fsyncs before the ack; Kafka acks from the page cache (no fsync)",
+    "produce-flush": "both fsync before the ack (Kafka topic flush.messages=1; kaas row = its acks=all)",
+    "consume": "reads (stored data, mostly page cache)",
+    "e2e": "acks=all: kaas fsyncs before the ack; Kafka does not",
+    "partitions1000": "both ack after the write, before any fsync",
+}
+
+TITLES = {
+    "produce-acks1": "produce acks=1, 1 KiB, 100 partitions",
+    "produce-acksall": "produce acks=all, 1 KiB, 100 partitions",
+    "produce-flush": "produce acks=all, fsync per write on both",
+    "consume": "consume stored data, 100 partitions",
+    "e2e": "end-to-end at a fixed rate, acks=all, 100 partitions",
+    "partitions1000": "produce acks=1, 1 KiB, 1000 partitions",
+}
+
+PP_RE = re.compile(
+    r"(?P<n>\d+) (?:steady state )?records sent, (?P<rate>[\d.]+) records/sec \((?P<mb>[\d.]+) MB/sec\), "
+    r"(?P<avg>[\d.]+) ms avg latency, (?P<max>[\d.]+) ms max latency, (?P<p50>\d+) ms 50th, "
+    r"(?P<p95>\d+) ms 95th, (?P<p99>\d+) ms 99th, (?P<p999>\d+) ms 99.9th"
+)
+
+
+def load_kb(res, w, b):
+    try:
+        with open(os.path.join(res, f"{w}.{b}.kb.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_pp(res, w, b):
+    """The steady-state line when there is one (after --warmup-records), else the summary."""
+    try:
+        text = open(os.path.join(res, f"{w}.{b}.pp.txt")).read()
+    except OSError:
+        return None
+    found = None
+    for line in text.splitlines():
+        m = PP_RE.search(line)
+        if m and ("steady state" in line or found is None):
+            found = {k: float(v) for k, v in m.groupdict().items()}
+    return found
+
+
+def load_cp(res, w, b):
+    """fetch.nMsg.sec and fetch.MB.sec (rebalance time excluded) from the CSV line."""
+    try:
+        lines = open(os.path.join(res, f"{w}.{b}.cp.txt")).read().splitlines()
+    except OSError:
+        return None
+    for i, line in enumerate(lines):
+        if line.startswith("start.time"):
+            cols = [c.strip() for c in line.split(",")]
+            if i + 1 < len(lines):
+                vals = [v.strip() for v in lines[i + 1].split(",")]
+                if len(vals) == len(cols):
+                    row = dict(zip(cols, vals))
+                    try:
+                        return {
+                            "msg_per_s": float(row["fetch.nMsg.sec"]),
+                            "mb_per_s": float(row["fetch.MB.sec"]),
+                            "messages": float(row["data.consumed.in.nMsg"]),
+                        }
+                    except (KeyError, ValueError):
+                        return None
+    return None
+
+
+def get(d, *path):
+    for p in path:
+        if d is None:
+            return None
+        d = d.get(p) if isinstance(d, dict) else None
+    return d
+
+
+def fmt(v, kind):
+    if v is None:
+        return "n/a"
+    if kind == "rate":
+        return f"{v:,.0f}"
+    if kind == "mb":
+        return f"{v:,.1f}"
+    if kind == "ms":
+        return f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
+    if kind == "mib":
+        return f"{v:,.0f}"
+    return str(v)
+
+
+def ratio(k, f):
+    if k is None or f is None or f == 0:
+        return "n/a"
+    return f"{k / f:.2f}×"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("res")
+    ap.add_argument("--machine", default="")
+    ap.add_argument("--kafka-version", default="")
+    ap.add_argument("--kafka-heap", default="")
+    ap.add_argument("--shards", default="")
+    ap.add_argument("--duration", default="")
+    ap.add_argument("--warmup", default="")
+    ap.add_argument("--e2e-rate", default="")
+    a = ap.parse_args()
+    res = a.res
+
+    rows = []  # (workload, tool, metric, kaas, kafka, kind, better)
+
+    def add(w, tool, metric, kind, better, getter):
+        vals = [getter(b) for b in BROKERS]
+        if all(v is None for v in vals):
+            return
+        rows.append((w, tool, metric, vals[0], vals[1], kind, better))
+
+    for w in ("produce-acks1", "produce-acksall", "produce-flush", "partitions1000"):
+        # The flush row compares Kafka with flush.messages=1 to kaas's own acks=all run.
+        src = {"kaas": "produce-acksall" if w == "produce-flush" else w, "kafka": w}
+        kb = lambda b, *p: get(load_kb(res, src[b], b), "produce", *p)
+        pp = lambda b, k: get(load_pp(res, src[b], b), k)
+        add(w, "kaas-bench", "msg/s", "rate", "higher", lambda b: kb(b, "msg_per_s"))
+        add(w, "kaas-bench", "MB/s", "mb", "higher", lambda b: kb(b, "mb_per_s"))
+        add(w, "kaas-bench", "p50 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p50_ms"))
+        add(w, "kaas-bench", "p99 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p99_ms"))
+        add(w, "kaas-bench", "p99.9 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p999_ms"))
+        add(w, "ProducerPerformance", "msg/s", "rate", "higher", lambda b: pp(b, "rate"))
+        add(w, "ProducerPerformance", "p99 ms", "ms", "lower", lambda b: pp(b, "p99"))
+
+    w = "consume"
+    add(w, "kaas-bench", "msg/s", "rate", "higher",
+        lambda b: get(load_kb(res, w, b), "consume", "msg_per_s"))
+    add(w, "kaas-bench", "MB/s (batch bytes)", "mb", "higher",
+        lambda b: get(load_kb(res, w, b), "consume", "mb_per_s"))
+    add(w, "ConsumerPerformance", "msg/s", "rate", "higher",
+        lambda b: get(load_cp(res, w, b), "msg_per_s"))
+
+    w = "e2e"
+    for side, label in (("produce", "ack"), ("consume", "e2e")):
+        for q, name in (("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"), ("max_ms", "max")):
+            add(w, "kaas-bench", f"{label} {name} ms", "ms", "lower",
+                lambda b, side=side, q=q: get(load_kb(res, w, b), side, "latency_ms", q))
+    add(w, "kaas-bench", "msg/s received", "rate", "higher",
+        lambda b: get(load_kb(res, w, b), "consume", "msg_per_s"))
+    add(w, "ProducerPerformance", "ack p50 ms", "ms", "lower", lambda b: get(load_pp(res, w, b), "p50"))
+    add(w, "ProducerPerformance", "ack p99 ms", "ms", "lower", lambda b: get(load_pp(res, w, b), "p99"))
+
+    # Memory: RSS after each workload, and the peak.
+    mem = {}
+    try:
+        for line in open(os.path.join(res, "memory.txt")):
+            parts = line.split()
+            if len(parts) == 4:
+                mem[(parts[0], parts[1])] = (int(parts[2]) / 1024, int(parts[3]) / 1024)
+    except OSError:
+        pass
+    for stage in ("start", "produce-acks1", "produce-acksall", "consume", "e2e", "partitions1000", "end"):
+        vals = [mem.get((stage, b), (None, None))[0] for b in BROKERS]
+        if any(v is not None for v in vals):
+            rows.append(("memory", "/proc VmRSS", f"RSS MiB after {stage}", vals[0], vals[1], "mib", "lower"))
+    vals = [mem.get(("end", b), (None, None))[1] for b in BROKERS]
+    if any(v is not None for v in vals):
+        rows.append(("memory", "/proc VmHWM", "peak RSS MiB", vals[0], vals[1], "mib", "lower"))
+
+    out = []
+    out.append(f"Machine: {a.machine}")
+    out.append(
+        f"Apache Kafka {a.kafka_version} (single-node KRaft, heap {a.kafka_heap}); kaas {a.shards} shards; "
+        f"{a.duration} s measured after {a.warmup} s warm-up per run; e2e rate {a.e2e_rate} msg/s; "
+        f"batch.size 16384, linger.ms 5, no compression, one producer / consumer."
+    )
+    out.append("")
+    out.append("| workload | client | figure | kaas | Kafka | kaas ÷ Kafka | better | durability |")
+    out.append("|---|---|---|---:|---:|---:|---|---|")
+    for w, tool, metric, k, f, kind, better in rows:
+        title = TITLES.get(w, w)
+        dur = DURABILITY.get(w, "")
+        out.append(
+            f"| {title} | {tool} | {metric} | {fmt(k, kind)} | {fmt(f, kind)} | {ratio(k, f)} | {better} | {dur} |"
+        )
+    try:
+        notes = [n for n in open(os.path.join(res, "notes.txt")).read().splitlines() if n.strip()]
+    except OSError:
+        notes = []
+    for n in notes:
+        out.append("")
+        out.append(f"Note: {n}")
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
