@@ -50,6 +50,9 @@ struct Args {
     /// io_uring buffer memory per shard, in bytes (counts against RLIMIT_MEMLOCK).
     #[arg(long, env = "KAAS_IO_MEMORY_BYTES", default_value_t = 2 << 20)]
     io_memory_bytes: usize,
+    /// How often retention (retention.ms, retention.bytes) is applied, in milliseconds.
+    #[arg(long, env = "KAAS_RETENTION_CHECK_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
+    retention_check_interval_ms: u64,
     /// This broker's id (node id in Metadata).
     #[arg(long, env = "KAAS_BROKER_ID", default_value_t = 0)]
     broker_id: i32,
@@ -141,6 +144,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         num_partitions: args.num_partitions,
         max_frame_bytes: args.max_frame_bytes as usize,
         io_memory_bytes: args.io_memory_bytes,
+        retention_check_interval_ms: args.retention_check_interval_ms,
     };
     let _lock = lock_data_dir(&args.data_dir)?;
     // The shards' listeners use SO_REUSEPORT, which would let a second broker share this port

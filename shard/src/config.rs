@@ -17,6 +17,8 @@ pub struct BrokerConfig {
     pub max_frame_bytes: usize,
     /// Bytes of io_uring buffer memory per shard (counts against RLIMIT_MEMLOCK).
     pub io_memory_bytes: usize,
+    /// How often each shard applies retention to the partitions it owns.
+    pub retention_check_interval_ms: u64,
 }
 
 impl BrokerConfig {
@@ -33,6 +35,7 @@ impl BrokerConfig {
             num_partitions: 1,
             max_frame_bytes: kaas_wire::frame::DEFAULT_MAX_FRAME_BYTES,
             io_memory_bytes: 2 << 20,
+            retention_check_interval_ms: 30_000,
         }
     }
 }

@@ -233,6 +233,7 @@ async fn run_shard(
             }
         })
     };
+    glommio::spawn_local(retention_loop(shard.clone())).detach();
     let _ = ready.send((id, Ok(())));
     tracing::info!(shard = id, listen = %config.listen, "shard serving");
     while !shutdown.load(Ordering::SeqCst) {
@@ -244,4 +245,37 @@ async fn run_shard(
     shard.close_all().await;
     probe.stopped.store(true, Ordering::SeqCst);
     tracing::info!(shard = id, "shard stopped; partitions closed cleanly");
+}
+
+/// Applies retention (`retention.ms`, `retention.bytes`) to every partition this shard owns,
+/// every `--retention-check-interval-ms`. Partitions not yet opened are opened for it, so idle
+/// partitions age out too.
+async fn retention_loop(shard: Rc<Shard>) {
+    let interval = Duration::from_millis(shard.config.retention_check_interval_ms.max(100));
+    loop {
+        glommio::timer::sleep(interval).await;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let snapshot = shard.catalog.snapshot();
+        for topic in snapshot.topics.values() {
+            for p in 0..topic.partitions {
+                if shard.owner_of(&topic.name, p) != shard.id {
+                    continue;
+                }
+                match shard.partition(topic, p).await {
+                    Ok(log) => {
+                        if let Err(e) = log.enforce_retention(now_ms).await {
+                            tracing::error!(topic = %topic.name, partition = p, error = %e, "retention failed");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(topic = %topic.name, partition = p, error = %e, "cannot open partition for retention")
+                    }
+                }
+                glommio::yield_if_needed().await;
+            }
+        }
+    }
 }

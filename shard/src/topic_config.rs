@@ -62,9 +62,11 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
     },
     ConfigDef {
         name: "flush.ms",
-        default: "9223372036854775807",
+        // Kafka leaves acks=0/1 data to the OS by default; kaas bounds how long it may stay
+        // only in the page cache.
+        default: "1000",
         kind: ConfigType::Long,
-        doc: "Force fsync after this long (acks=1 data)",
+        doc: "Data written with acks=0/1 is fsynced within this many milliseconds (acks=all is fsynced before it is acknowledged)",
         one_of: &[],
         min: 0,
     },
@@ -214,9 +216,16 @@ fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
 
 /// The log engine settings a topic's configs imply.
 pub fn log_config(overrides: &BTreeMap<String, String>) -> LogConfig {
+    let policy = effective(overrides, "cleanup.policy").unwrap_or("delete");
     LogConfig {
         segment_bytes: number(overrides, "segment.bytes").max(14) as u64,
         segment_ms: number(overrides, "segment.ms").max(1) as u64,
+        retention_ms: number(overrides, "retention.ms"),
+        retention_bytes: number(overrides, "retention.bytes"),
+        delete_enabled: policy.split(',').any(|p| p.trim() == "delete"),
+        flush_ms: number(overrides, "flush.ms").max(0) as u64,
+        flush_messages: number(overrides, "flush.messages").max(1) as u64,
+        ..LogConfig::default()
     }
 }
 

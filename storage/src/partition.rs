@@ -10,9 +10,9 @@ use futures_lite::future;
 use glommio::sync::Semaphore;
 use kaas_wire::batch::{self, BatchHeader};
 
-use crate::index::BatchEntry;
+use crate::index::{self, BatchEntry, BatchIndex};
 use crate::manifest::Manifest;
-use crate::producer::{ProducerCheck, ProducerStateTable};
+use crate::producer::{ProducerCheck, ProducerSnapshot, ProducerStateTable};
 use crate::segment::{parse_segment_file_name, Segment};
 use crate::{LeaderEpoch, StorageError};
 
@@ -25,6 +25,21 @@ pub struct LogConfig {
     pub segment_bytes: u64,
     /// `segment.ms`: roll the active segment when it is older than this.
     pub segment_ms: u64,
+    /// `retention.ms`: sealed segments whose newest record is older than this are deleted;
+    /// negative keeps them forever.
+    pub retention_ms: i64,
+    /// `retention.bytes`: oldest sealed segments are deleted while the log is larger than
+    /// this; negative means no limit.
+    pub retention_bytes: i64,
+    /// Whether `cleanup.policy` includes `delete` (retention applies only then).
+    pub delete_enabled: bool,
+    /// `flush.ms`: data not yet fsynced (acks=0/1 writes) is fsynced within this long.
+    pub flush_ms: u64,
+    /// `flush.messages`: fsync once this many messages are not yet durable.
+    pub flush_messages: u64,
+    /// An fsync that has not completed after this long fails its waiters with a storage error
+    /// instead of holding their requests forever.
+    pub fsync_timeout_ms: u64,
 }
 
 impl Default for LogConfig {
@@ -32,6 +47,12 @@ impl Default for LogConfig {
         LogConfig {
             segment_bytes: 1024 * 1024 * 1024,
             segment_ms: 7 * 24 * 3600 * 1000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            retention_bytes: -1,
+            delete_enabled: true,
+            flush_ms: 1000,
+            flush_messages: u64::MAX,
+            fsync_timeout_ms: 30_000,
         }
     }
 }
@@ -90,6 +111,8 @@ struct Flush {
     durable_end: i64,
     syncing: bool,
     waiters: Vec<(i64, Waiter)>,
+    /// A `flush.ms` timer is pending for data that no acks=all request is waiting on.
+    timer_armed: bool,
 }
 
 /// One partition's log. Lives on the shard that owns the partition (it is `!Send`).
@@ -120,6 +143,7 @@ impl PartitionLog {
         std::fs::create_dir_all(&dir)
             .map_err(|e| StorageError::io("creating partition directory", &dir, e))?;
         let manifest = Manifest::load(&dir)?.unwrap_or_default();
+        let clean = manifest.clean_end_offset.is_some();
         let mut names: Vec<(i64, i32, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
             let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
@@ -129,21 +153,55 @@ impl PartitionLog {
             }
         }
         names.sort();
-        let mut producers = ProducerStateTable::default();
+        // Producer state comes from the last snapshot plus the batches after it; without a
+        // snapshot every segment is replayed.
+        let snapshot = ProducerSnapshot::load(&dir).unwrap_or(ProducerSnapshot {
+            offset: i64::MIN,
+            table: ProducerStateTable::default(),
+        });
+        let replay_from = snapshot.offset;
+        let mut producers = snapshot.table;
         let mut segments: Vec<Segment> = Vec::new();
         let mut cut = false;
-        for (base, ep, path) in names {
+        let count = names.len();
+        for (i, (base, ep, path)) in names.into_iter().enumerate() {
             if cut {
                 // Everything after a corrupt point is unreachable: offsets must be contiguous.
                 tracing::warn!(path = %path.display(), "removing segment that follows a truncated one");
                 std::fs::remove_file(&path)
                     .map_err(|e| StorageError::io("removing segment", &path, e))?;
+                let _ = std::fs::remove_file(index::file::path_for(&path));
                 continue;
             }
-            let (seg, truncated) =
-                Segment::open_and_recover(path, base, ep, &mut producers).await?;
-            cut = truncated;
-            segments.push(seg);
+            let is_last = i + 1 == count;
+            // A sealed segment (or the active one after a clean shutdown) with a matching saved
+            // index needs no scan, unless it holds batches the producer snapshot lacks. The
+            // active segment after a crash is always scanned and verified.
+            let len = std::fs::metadata(&path)
+                .map_err(|e| StorageError::io("sizing segment", &path, e))?
+                .len();
+            let saved = if is_last && !clean {
+                None
+            } else {
+                index::file::load(&path, len)
+            };
+            let covered = |idx: &BatchIndex| idx.last().is_none_or(|e| e.last_offset < replay_from);
+            match saved {
+                Some(idx) if covered(&idx) => {
+                    segments.push(Segment::open_indexed(path, base, ep, idx).await?)
+                }
+                _ => {
+                    let (seg, truncated) =
+                        Segment::open_and_recover(path, base, ep, &mut producers, replay_from)
+                            .await?;
+                    cut = truncated;
+                    segments.push(seg);
+                }
+            }
+        }
+        if let Some(active) = segments.last() {
+            // The active segment's saved index goes stale with the first append.
+            let _ = std::fs::remove_file(index::file::path_for(&active.path));
         }
         let stored_epoch = manifest
             .leader_epoch
@@ -183,6 +241,7 @@ impl PartitionLog {
                 durable_end: log_end_offset,
                 syncing: false,
                 waiters: Vec::new(),
+                timer_armed: false,
             }),
             write_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
@@ -322,6 +381,7 @@ impl PartitionLog {
         for w in self.data_waiters.borrow_mut().drain(..) {
             let _ = w.send(());
         }
+        self.schedule_flush(next);
         Ok(AppendOutcome::Appended {
             base_offset,
             last_offset: next - 1,
@@ -355,6 +415,20 @@ impl PartitionLog {
             .fdatasync()
             .await
             .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
+        // Seal the old segment: its index and the producer state as of its end let the next
+        // open skip scanning it.
+        {
+            let st = self.state.borrow();
+            let old = st.segments.last().expect("active segment");
+            if old.size > 0 {
+                index::file::save(&old.path, &old.index);
+            }
+            ProducerSnapshot {
+                offset: next,
+                table: st.producers.clone(),
+            }
+            .store(&self.dir)?;
+        }
         let seg = Segment::create(&self.dir, next, epoch).await?;
         let mut st = self.state.borrow_mut();
         if st.segments.last().is_some_and(|s| s.size == 0) {
@@ -386,7 +460,130 @@ impl PartitionLog {
             }
             rx
         };
-        rx.await.unwrap_or(Err(StorageError::Closed))
+        // Watchdog: a hung fsync fails the requests waiting on it (the client retries or
+        // reports KAFKA_STORAGE_ERROR) instead of holding them forever. The fsync itself keeps
+        // running; later waiters are served when it returns.
+        let timeout = Duration::from_millis(self.config.borrow().fsync_timeout_ms);
+        let path = self.dir.clone();
+        future::or(
+            async { rx.await.unwrap_or(Err(StorageError::Closed)) },
+            async move {
+                glommio::timer::sleep(timeout).await;
+                Err(StorageError::io(
+                    "fsync",
+                    &path,
+                    format!(
+                        "fdatasync did not complete within {} ms; the disk may be failing",
+                        timeout.as_millis()
+                    ),
+                ))
+            },
+        )
+        .await
+    }
+
+    /// Makes sure data written without an acks=all waiter reaches disk: at once when
+    /// `flush.messages` are pending, otherwise within `flush.ms`.
+    fn schedule_flush(self: &Rc<Self>, end: i64) {
+        let (flush_ms, flush_messages) = {
+            let c = self.config.borrow();
+            (c.flush_ms, c.flush_messages)
+        };
+        let mut fl = self.flush.borrow_mut();
+        let pending = (end - fl.durable_end).max(0) as u64;
+        if pending >= flush_messages {
+            drop(fl);
+            let me = self.clone();
+            glommio::spawn_local(async move {
+                let _ = me.wait_durable(end).await;
+            })
+            .detach();
+            return;
+        }
+        if fl.timer_armed || flush_ms == u64::MAX {
+            return;
+        }
+        fl.timer_armed = true;
+        drop(fl);
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            glommio::timer::sleep(Duration::from_millis(flush_ms)).await;
+            me.flush.borrow_mut().timer_armed = false;
+            if me.closed.get() {
+                return;
+            }
+            let end = me.log_end_offset();
+            if let Err(e) = me.wait_durable(end).await {
+                tracing::error!(dir = %me.dir.display(), error = %e, "periodic flush failed");
+            }
+        })
+        .detach();
+    }
+
+    /// Deletes sealed segments past `retention.ms` / `retention.bytes` (when the cleanup
+    /// policy includes `delete`) and moves the log start offset past them. The active segment
+    /// is never deleted. Returns how many segments were removed.
+    pub async fn enforce_retention(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let cfg = self.config.borrow().clone();
+        if !cfg.delete_enabled || (cfg.retention_ms < 0 && cfg.retention_bytes < 0) {
+            return Ok(0);
+        }
+        let _permit = self
+            .write_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        let (removed, manifest) = {
+            let mut st = self.state.borrow_mut();
+            let mut total: i64 = st.segments.iter().map(|s| s.size as i64).sum();
+            let mut n = 0;
+            while st.segments.len() - n > 1 {
+                let seg = &st.segments[n];
+                let newest = seg
+                    .index
+                    .entries()
+                    .iter()
+                    .map(|e| e.max_timestamp)
+                    .max()
+                    .unwrap_or(i64::MIN);
+                let expired =
+                    cfg.retention_ms >= 0 && newest < now_ms.saturating_sub(cfg.retention_ms);
+                let oversized =
+                    cfg.retention_bytes >= 0 && total - seg.size as i64 >= cfg.retention_bytes;
+                if !(expired || oversized) {
+                    break;
+                }
+                total -= seg.size as i64;
+                n += 1;
+            }
+            if n == 0 {
+                return Ok(0);
+            }
+            let removed: Vec<Segment> = st.segments.drain(..n).collect();
+            let first = st
+                .segments
+                .first()
+                .expect("the active segment remains")
+                .base_offset;
+            st.log_start_offset = st.log_start_offset.max(first);
+            (
+                removed,
+                Manifest {
+                    leader_epoch: st.epoch,
+                    log_start_offset: st.log_start_offset,
+                    clean_end_offset: None,
+                },
+            )
+        };
+        // The manifest moves the log start first; unlinking after it is safe, and a reader
+        // still holding a removed segment's file keeps reading it (no mmap, no SIGBUS).
+        manifest.store(&self.dir)?;
+        for seg in &removed {
+            let _ = std::fs::remove_file(&seg.path);
+            let _ = std::fs::remove_file(index::file::path_for(&seg.path));
+        }
+        tracing::info!(dir = %self.dir.display(), segments = removed.len(), log_start_offset = manifest.log_start_offset, "retention deleted old segments");
+        Ok(removed.len())
     }
 
     async fn sync_loop(self: Rc<Self>) {
@@ -641,6 +838,17 @@ impl PartitionLog {
         file.fdatasync()
             .await
             .map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
+        {
+            let st = self.state.borrow();
+            let active = st.segments.last().expect("active segment");
+            index::file::save(&active.path, &active.index);
+            ProducerSnapshot {
+                offset: st.log_end_offset,
+                table: st.producers.clone(),
+            }
+            .store(&self.dir)?;
+        }
+        // The manifest goes last: `clean_end_offset` promises the index and snapshot are there.
         m.store(&self.dir)
     }
 

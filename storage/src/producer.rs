@@ -12,7 +12,7 @@ use crate::StorageError;
 /// `max.in.flight.requests.per.connection` may not exceed it with idempotence on).
 pub const REMEMBERED_BATCHES: usize = 5;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct WrittenBatch {
     first_sequence: i32,
     last_sequence: i32,
@@ -20,7 +20,7 @@ struct WrittenBatch {
     last_offset: i64,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<WrittenBatch>,
@@ -35,7 +35,7 @@ pub enum ProducerCheck {
     Duplicate { base_offset: i64, last_offset: i64 },
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ProducerStateTable {
     producers: HashMap<i64, ProducerEntry>,
 }
@@ -121,6 +121,32 @@ impl ProducerStateTable {
         while entry.batches.len() > REMEMBERED_BATCHES {
             entry.batches.pop_front();
         }
+    }
+}
+
+/// File holding a partition's producer-state snapshot.
+pub const SNAPSHOT_FILE: &str = "producer-state.json";
+
+/// The producer state as of `offset` (every batch below it is reflected), saved at segment rolls
+/// and clean shutdowns so that opening a partition replays only the batches after it.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ProducerSnapshot {
+    pub offset: i64,
+    pub table: ProducerStateTable,
+}
+
+impl ProducerSnapshot {
+    pub fn load(dir: &std::path::Path) -> Option<ProducerSnapshot> {
+        serde_json::from_slice(&std::fs::read(dir.join(SNAPSHOT_FILE)).ok()?).ok()
+    }
+
+    /// Durable (tmp + fsync + rename): after a roll, recovery relies on it instead of scanning
+    /// sealed segments, so it must not be lost in a crash.
+    pub fn store(&self, dir: &std::path::Path) -> Result<(), StorageError> {
+        crate::manifest::write_atomically(
+            &dir.join(SNAPSHOT_FILE),
+            &serde_json::to_vec(self).expect("snapshot serializes"),
+        )
     }
 }
 

@@ -66,12 +66,14 @@ impl Segment {
     /// Opens an existing segment, rebuilding its index and the producer state from its batches,
     /// verifying each batch's length, magic and CRC-32C. The file is truncated at the first byte
     /// that is not part of a valid batch (a torn write from a crash), and `truncated` tells
-    /// whether that happened.
+    /// whether that happened. Only batches at or after `replay_from` are recorded into
+    /// `producers` (the producer snapshot already reflects the ones before).
     pub async fn open_and_recover(
         path: PathBuf,
         base_offset: i64,
         epoch: i32,
         producers: &mut ProducerStateTable,
+        replay_from: i64,
     ) -> Result<(Segment, bool), StorageError> {
         let file = OpenOptions::new()
             .read(true)
@@ -132,7 +134,9 @@ impl Segment {
                     max_timestamp: h.max_timestamp,
                     leader_epoch: h.partition_leader_epoch,
                 });
-                producers.record(&h, h.base_offset);
+                if h.base_offset >= replay_from {
+                    producers.record(&h, h.base_offset);
+                }
                 next_offset = h.last_offset() + 1;
                 at += total;
             }
@@ -164,6 +168,31 @@ impl Segment {
             },
             truncated,
         ))
+    }
+
+    /// Opens a segment using a saved index instead of scanning it (see `index::file`).
+    pub async fn open_indexed(
+        path: PathBuf,
+        base_offset: i64,
+        epoch: i32,
+        index: BatchIndex,
+    ) -> Result<Segment, StorageError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .buffered_open(&path)
+            .await
+            .map_err(|e| StorageError::io("opening segment", &path, e))?;
+        let size = index.last().map(|e| e.end_position()).unwrap_or(0);
+        Ok(Segment {
+            base_offset,
+            epoch,
+            path,
+            file: Rc::new(file),
+            size,
+            index,
+            opened_at: Instant::now(),
+        })
     }
 
     /// The offset after the last batch in this segment (its base offset when empty).
