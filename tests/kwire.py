@@ -272,3 +272,35 @@ def pick_produce_version(ranges: dict[int, tuple[int, int]]) -> int:
     v = min(hi, 12)
     assert v >= max(lo, 3), f"broker Produce range {lo}..{hi} has no version 3..12"
     return v
+
+
+# -- InitProducerId ---------------------------------------------------------------------------
+
+
+def init_producer_id(broker, ranges: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """Ask for an idempotent producer id (no transactional id); returns (id, epoch)."""
+    lo, hi = ranges[22]
+    version = 1 if lo <= 1 <= hi else min(hi, 4)
+    if version >= 2:
+        body = compact_string(None) + struct.pack(">i", 60000)
+        if version >= 3:
+            body += struct.pack(">qh", -1, -1)
+        body += uvarint(0)
+        frame = request(22, version, 9, body, flexible=True)
+    else:
+        frame = request(22, version, 9, string(None) + struct.pack(">i", 60000))
+    deadline = time.monotonic() + 30
+    while True:
+        with connect(broker) as s:
+            s.sendall(frame)
+            resp = recv_frame(s)
+        pos = 4
+        if version >= 2:
+            _, pos = read_uvarint(resp, pos)
+        _throttle, err, pid, epoch = struct.unpack_from(">ihqh", resp, pos)
+        # 14/15/16: coordinator loading / not available / not coordinator: retriable
+        if err in (14, 15, 16) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            continue
+        assert err == 0, f"InitProducerId v{version} error {err}"
+        return pid, epoch

@@ -1,0 +1,284 @@
+"""Kafka API semantics a user relies on, checked through librdkafka (confluent-kafka) and a
+few raw requests: auto-creation, acks 0/1, ListOffsets by timestamp, DeleteRecords,
+DescribeCluster and topic ids, fetch long-poll, idempotent retries and sequence checks, and
+what survives a restart."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Producer, TopicCollection,
+                             TopicPartition)
+from confluent_kafka.admin import ConfigResource, NewTopic, OffsetSpec
+
+import kwire
+from kcheck import admin, create_topic, rdkafka_consumer, rdkafka_read_all, unique_topic
+
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+
+state: dict = {}
+
+
+def produce_plain(bootstrap, topic, items, **conf):
+    """Produce (key, value, timestamp_ms|None) with the given producer config; returns the
+    delivery reports as [(partition, offset)]."""
+    p = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 30000, **conf})
+    reports, errors = [], []
+
+    def cb(err, m):
+        (errors if err else reports).append(err or (m.partition(), m.offset()))
+
+    for key, value, ts in items:
+        kw = {"timestamp": ts} if ts is not None else {}
+        p.produce(topic, key=key, value=value, on_delivery=cb, **kw)
+        p.poll(0)
+    assert p.flush(40) == 0
+    assert not errors, errors
+    return reports
+
+
+def test_auto_create_on_produce(broker):
+    """Producing to a topic that does not exist creates it (auto-creation on) with the default
+    partition count, and the first record lands at offset 0."""
+    topic = unique_topic("auto")
+    reports = produce_plain(broker.bootstrap, topic, [(b"k", b"v", None)], acks="all")
+    assert reports == [(0, 0)]
+    md = admin(broker.bootstrap).list_topics(topic, timeout=10)
+    assert len(md.topics[topic].partitions) == 1
+
+
+def test_acks_zero_and_one(broker):
+    """acks=1 reports real offsets and acks=0 reports none, and every record of both is
+    stored."""
+    topic = unique_topic("acks")
+    create_topic(broker.bootstrap, topic, 1)
+    r1 = produce_plain(broker.bootstrap, topic,
+                       [(b"a1", b"one-%d" % i, None) for i in range(500)],
+                       acks=1, **{"enable.idempotence": False})
+    assert [o for _, o in r1] == list(range(500))
+    r0 = produce_plain(broker.bootstrap, topic,
+                       [(b"a0", b"zero-%d" % i, None) for i in range(500)],
+                       acks=0, **{"enable.idempotence": False})
+    assert len(r0) == 500 and all(o is None or o < 0 for _, o in r0), r0[:3]
+    deadline = time.monotonic() + 10
+    while True:  # acks=0: nothing to wait on but the log itself
+        records, ends = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
+        if ends[0] >= 1000 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    values = [v for _, _, _, v in records]
+    assert values == [b"one-%d" % i for i in range(500)] + [b"zero-%d" % i for i in range(500)]
+
+
+def test_list_offsets_by_timestamp(broker):
+    """ListOffsets answers earliest, latest, the first offset at or after a timestamp, and
+    the offset of the largest timestamp, from the records' CreateTime."""
+    topic = unique_topic("ts")
+    create_topic(broker.bootstrap, topic, 1)
+    t0 = int(time.time() * 1000) - 3_600_000
+    stamps = [t0 + 1000 * i for i in range(10)]
+    stamps[6] = t0 + 50_000  # max timestamp sits in the middle
+    produce_plain(broker.bootstrap, topic, [(b"k", b"v%d" % i, ts) for i, ts in
+                                            enumerate(stamps)], acks="all")
+    tp = TopicPartition(topic, 0)
+    a = admin(broker.bootstrap)
+
+    def lookup(spec):
+        return a.list_offsets({tp: spec}, request_timeout=10)[tp].result(15)
+
+    mx = lookup(OffsetSpec.max_timestamp())
+    got = {
+        "earliest": lookup(OffsetSpec.earliest()).offset,
+        "latest": lookup(OffsetSpec.latest()).offset,
+        "ts=t0": lookup(OffsetSpec.for_timestamp(t0)).offset,
+        "ts=t0+3.5s": lookup(OffsetSpec.for_timestamp(t0 + 3500)).offset,
+        "ts=t0+100s": lookup(OffsetSpec.for_timestamp(t0 + 100_000)).offset,
+        "max_timestamp": (mx.offset, mx.timestamp),
+    }
+    want = {"earliest": 0, "latest": 10, "ts=t0": 0, "ts=t0+3.5s": 4, "ts=t0+100s": -1,
+            "max_timestamp": (6, t0 + 50_000)}
+    assert got == want, f"ListOffsets (10 records produced together, so likely in one batch): got {got}, want {want}"
+    c = rdkafka_consumer(broker.bootstrap)
+    try:
+        [got] = c.offsets_for_times([TopicPartition(topic, 0, t0 + 7000)], timeout=10)
+        assert got.offset == 6, f"first offset with timestamp >= t0+7s is 6, got {got.offset}"
+    finally:
+        c.close()
+
+
+def test_delete_records(broker):
+    """DeleteRecords moves the log start offset; reading from the beginning then starts there
+    and the high watermark is unchanged."""
+    topic = unique_topic("delrec")
+    create_topic(broker.bootstrap, topic, 2)
+    produce_plain(broker.bootstrap, topic,
+                  [(None, b"r%d" % i, None) for i in range(100)], acks="all",
+                  partitioner="random")
+    a = admin(broker.bootstrap)
+    c = rdkafka_consumer(broker.bootstrap)
+    try:
+        hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        assert hi > 20
+        res = a.delete_records([TopicPartition(topic, 0, 20)], request_timeout=10)
+        [(tp, fut)] = list(res.items())
+        out = fut.result(15)
+        assert out.low_watermark == 20, out
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (20, hi)
+    finally:
+        c.close()
+    c = rdkafka_consumer(broker.bootstrap, **{"auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        first = None
+        deadline = time.monotonic() + 20
+        while first is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                first = m.offset()
+        assert first == 20, f"first record read from the beginning is at {first}"
+    finally:
+        c.close()
+    state["delrec"] = (topic, hi)
+
+
+def test_describe_cluster_and_topic_ids(broker):
+    """DescribeCluster names one broker at the advertised address and a cluster id; topics
+    carry real, stable topic ids."""
+    a = admin(broker.bootstrap)
+    cl = a.describe_cluster(request_timeout=10).result(15)
+    assert cl.cluster_id, cl
+    assert [(n.host, n.port) for n in cl.nodes] == [(broker.host, broker.port)], cl.nodes
+    assert cl.controller is not None
+    topic = unique_topic("ids")
+    create_topic(broker.bootstrap, topic, 3)
+    d1 = a.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result(15)
+    d2 = a.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result(15)
+    assert str(d1.topic_id) not in ("", "AAAAAAAAAAAAAAAAAAAAAA", "None"), d1.topic_id
+    assert str(d1.topic_id) == str(d2.topic_id)
+    assert len(d1.partitions) == 3
+    other = unique_topic("ids")
+    create_topic(broker.bootstrap, other, 1)
+    d3 = a.describe_topics(TopicCollection([other]), request_timeout=10)[other].result(15)
+    assert str(d3.topic_id) != str(d1.topic_id)
+    state["ids"] = (topic, str(d1.topic_id))
+
+
+def test_create_topics_validate_only_and_configs(broker):
+    """CreateTopics with validate_only creates nothing; a topic created with configs reports
+    them through DescribeConfigs."""
+    a = admin(broker.bootstrap)
+    topic = unique_topic("validate")
+    a.create_topics([NewTopic(topic, 3, 1)], validate_only=True,
+                    request_timeout=10)[topic].result(15)
+    time.sleep(0.5)
+    assert topic not in a.list_topics(timeout=10).topics
+    create_topic(broker.bootstrap, topic, 2, config={"retention.ms": "123456789",
+                                                      "cleanup.policy": "delete"})
+    res = ConfigResource("topic", topic)
+    cfg = a.describe_configs([res], request_timeout=10)[res].result(15)
+    assert cfg["retention.ms"].value == "123456789"
+    assert cfg["cleanup.policy"].value == "delete"
+    state["cfg"] = topic
+
+
+def fetch_requests(stats: dict) -> int:
+    return sum(b.get("req", {}).get("Fetch", 0) for b in stats.get("brokers", {}).values()
+               if b.get("nodeid", -1) >= 0)
+
+
+def test_idle_consumer_long_polls(broker):
+    """A consumer at the end of an empty partition waits in long-poll Fetches (no busy
+    loop), and a record produced meanwhile reaches it promptly."""
+    topic = unique_topic("longpoll")
+    create_topic(broker.bootstrap, topic, 1)
+    stats = []
+    c = rdkafka_consumer(broker.bootstrap, **{"fetch.wait.max.ms": 500,
+                                              "statistics.interval.ms": 1000,
+                                              "stats_cb": lambda s: stats.append(json.loads(s))})
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_END)])
+        t_end = time.monotonic() + 4
+        while time.monotonic() < t_end:
+            m = c.poll(0.2)
+            assert m is None or m.error() is not None, "record out of nowhere"
+        first, last = stats[0], stats[-1]
+        n = fetch_requests(last) - fetch_requests(first)
+        secs = (last["ts"] - first["ts"]) / 1e6
+        assert secs > 1.5, "too few statistics samples"
+        # with max_wait 500 ms honoured: about 2 Fetches per second; a broker that answers
+        # empty fetches at once makes librdkafka spin at hundreds per second
+        assert n <= 6 * secs + 4, f"{n} Fetch requests in {secs:.1f}s while idle"
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0})
+        t0 = time.monotonic()
+        p.produce(topic, value=b"wake-up")
+        assert p.flush(10) == 0
+        got = None
+        while got is None and time.monotonic() - t0 < 10:
+            m = c.poll(0.05)
+            if m is not None and m.error() is None:
+                got = m
+        latency = time.monotonic() - t0
+        assert got is not None and got.value() == b"wake-up"
+        assert latency < 2.0, f"record reached the waiting consumer after {latency:.2f}s"
+    finally:
+        c.close()
+
+
+def test_idempotent_retry_and_sequence_checks(broker):
+    """With a producer id from InitProducerId, a retried batch (same sequence) gets its
+    original offset and is stored once; the next sequence appends; a sequence gap gets
+    OUT_OF_ORDER_SEQUENCE_NUMBER and is not stored."""
+    topic = unique_topic("idem")
+    create_topic(broker.bootstrap, topic, 1)
+    ranges = kwire.api_versions(broker)
+    version = kwire.pick_produce_version(ranges)
+    pid, epoch = kwire.init_producer_id(broker, ranges)
+    assert pid >= 0 and epoch >= 0
+
+    def batch(seq, n, tag):
+        return kwire.record_batch([(b"k", b"%s-%d" % (tag, i)) for i in range(n)],
+                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+
+        def send(corr, b):
+            s.sendall(kwire.produce_request(version, corr, topic, 0, b))
+            c, _, _, err, base = kwire.parse_produce_response(version, kwire.recv_frame(s))
+            assert c == corr
+            return err, base
+
+        first = batch(0, 3, b"a")
+        assert send(1, first) == (0, 0)
+        assert send(2, first) == (0, 0), "retried batch did not return its original offset"
+        assert send(3, batch(3, 2, b"b")) == (0, 3)
+        err, _ = send(4, batch(10, 1, b"gap"))
+        assert err == OUT_OF_ORDER_SEQUENCE_NUMBER, f"sequence gap: error {err}, want 45"
+        assert send(5, batch(5, 1, b"c")) == (0, 5)
+    records, ends = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
+    assert ends == {0: 6}
+    assert [v for _, _, _, v in records] == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"c-0"]
+
+
+@pytest.mark.restart
+def test_metadata_survives_restart(broker):
+    """After a clean restart topic ids, topic configs and the log start offset moved by
+    DeleteRecords are unchanged."""
+    if not {"ids", "cfg", "delrec"} <= set(state):
+        pytest.skip("needs the earlier tests of this module")
+    broker.restart()
+    a = admin(broker.bootstrap)
+    topic, tid = state["ids"]
+    d = a.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result(15)
+    assert str(d.topic_id) == tid, "topic id changed across restart"
+    res = ConfigResource("topic", state["cfg"])
+    cfg = a.describe_configs([res], request_timeout=10)[res].result(15)
+    assert cfg["retention.ms"].value == "123456789"
+    dtopic, hi = state["delrec"]
+    c = rdkafka_consumer(broker.bootstrap)
+    try:
+        assert c.get_watermark_offsets(TopicPartition(dtopic, 0), timeout=10) == (20, hi)
+    finally:
+        c.close()
