@@ -18,7 +18,8 @@
 #   --only       run one broker (the other's columns read n/a); kaas is skipped automatically,
 #                with a note, when its binary does not exist
 #   --workloads  comma-separated subset of: produce-acks1,produce-acksall,produce-flush,
-#                consume,e2e,partitions1000 (default: all)
+#                consume,e2e,partitions1000 (default: all); consume reads the topic the
+#                produce workloads filled, twice (first read, then again)
 #   --kaas-bin   default: $KAAS_BIN, else ~/.cache/kaas-target/release/kaas, else target/release/kaas
 #   --bench-bin  default: built here with `cargo build --release -p kaas-bench`
 #                (CARGO_TARGET_DIR=${KAAS_BENCH_TARGET_DIR:-~/.cache/kaas-target-bench})
@@ -184,6 +185,16 @@ start_kafka() {
 }
 
 for b in "${brokers[@]}"; do "start_$b"; done
+load="$(cut -d' ' -f1-3 /proc/loadavg)"
+log "load average before the run: $load"
+if awk -v l="${load%% *}" -v n="$(nproc)" 'BEGIN{exit !(l > n / 2)}'; then
+    notes+=("load average was $load when the run started: other work shared the machine, so figures are noisy")
+    log "warning: ${notes[-1]}"
+fi
+
+# Before every measured run: write back what earlier runs left dirty in the page cache, so one
+# run's writeback does not land in the next run's fsyncs (which only kaas does on acks=all).
+settle() { sync; sleep 1; }
 
 # ---- runners ------------------------------------------------------------------------------------
 # Each writes its raw output to $res/<workload>.<broker>.<tool>.{txt,json}; failures are
@@ -191,6 +202,7 @@ for b in "${brokers[@]}"; do "start_$b"; done
 kb() { # WORKLOAD BROKER MODE kaas-bench-args... (later options override the defaults here)
     local w="$1" b="$2" mode="$3"; shift 3
     local base="$res/$w.$b.kb"
+    settle
     log "$w on $b: kaas-bench $mode $*"
     if ! timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
         --warmup "${warmup}s" --duration "${duration}s" --quiet --json "$base.json" "$@" \
@@ -208,6 +220,7 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     local w="$1" b="$2" topic="$3" acks="$4" records="$5" tput="$6" wrec="$7"
     local base="$res/$w.$b.pp"
     [[ -n "$records" && "$records" -gt 0 ]] || { log "$w on $b: ProducerPerformance skipped (no record count)"; return; }
+    settle
     log "$w on $b: ProducerPerformance acks=$acks records=$records throughput=$tput"
     timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
@@ -222,6 +235,7 @@ cperf() { # WORKLOAD BROKER TOPIC MESSAGES
     local w="$1" b="$2" topic="$3" n="$4"
     local base="$res/$w.$b.cp"
     [[ -n "$n" && "$n" -gt 0 ]] || { log "$w on $b: ConsumerPerformance skipped (nothing stored)"; return; }
+    settle
     log "$w on $b: ConsumerPerformance num-records=$n"
     timeout $((duration * 6 + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ConsumerPerformance --bootstrap-server "${addr[$b]}" \
@@ -247,47 +261,56 @@ order() {
 reverse() { local out="" x; for x in "$@"; do out="$x $out"; done; echo "$out"; }
 kb_rate() { json_field "$res/$1.$2.kb.json" "int(d['produce']['msg_per_s'])"; }
 
-produce_workload() { # WORKLOAD TOPIC PARTITIONS ACKS [kaas-bench extra args...]
-    local w="$1" topic="$2" parts="$3" acks="$4"; shift 4
+# ProducerPerformance has no duration option: it writes what kaas-bench sustained on the same
+# broker in the same time (at least 2000 msg/s worth, so a slow row is still a real run),
+# unthrottled, after the same warm-up.
+pp_records() { local r="${1:-0}"; (( r < 2000 )) && r=2000; echo $((r * (duration + warmup))); }
+pp_warmup() { local r="${1:-0}"; (( r < 2000 )) && r=2000; echo $((r * warmup)); }
+
+produce_workload() { # WORKLOAD TOPIC PARTITIONS ACKS AGAIN [kaas-bench extra args...]
+    # AGAIN=1 runs kaas-bench a second time right after the first (workload "<name>-again").
+    local w="$1" topic="$2" parts="$3" acks="$4" again="$5"; shift 5
     local b rate
     local -a bs
     read -r -a bs <<< "$(order)"
     for b in "${bs[@]}"; do
         kb "$w" "$b" produce --topic "$topic" --partitions "$parts" --message-size 1024 \
             --acks "$acks" "$@"
+        if [[ "$again" == 1 ]]; then
+            kb "$w-again" "$b" produce --topic "$topic" --partitions "$parts" \
+                --message-size 1024 --acks "$acks" "$@"
+        fi
     done
     for b in $(reverse "${bs[@]}"); do
-        # ProducerPerformance writes what kaas-bench sustained on the same broker for the same
-        # time, unthrottled, after the same warm-up.
         rate="$(kb_rate "$w" "$b")"
-        [[ -n "$rate" ]] || rate=0
-        pp "$w" "$b" "$topic" "$acks" $((rate * (duration + warmup))) -1 $((rate * warmup))
+        pp "$w" "$b" "$topic" "$acks" "$(pp_records "$rate")" -1 "$(pp_warmup "$rate")"
     done
     memory "$w"
     turn=$((turn + 1))
 }
 
-# A partition's first append is expensive on Kafka (it writes and fsyncs the partition's leader
-# epoch checkpoint, ~15 ms here), so a just-created 1000-partition topic runs at ~1000 msg/s
-# for its first ~15 s. Every topic therefore gets one round of small batches over all its
-# partitions (batch size 1 makes the sticky partitioner move on after every message) on every
-# broker before anything is measured.
-prime() { # BROKER TOPIC PARTITIONS [extra kaas-bench args]
-    local b="$1" topic="$2" parts="$3"; shift 3
-    log "priming $topic ($parts partitions) on $b"
-    timeout 120 "$bench_bin" produce --bootstrap "${addr[$b]}" --topic "$topic" \
-        --partitions "$parts" --message-size 1024 --acks 1 --batch-size 1 \
-        --rate $((parts * 2)) --warmup 0s --duration 1s --quiet "$@" \
-        > "$res/prime.$b.$topic.txt" 2>&1 || log "  priming $topic on $b failed, see $res/prime.$b.$topic.txt"
+# Every topic is created and loaded (unmeasured) on every broker before anything is measured,
+# so rows compare steady states. A just-created 1000-partition topic on Kafka runs at ~1000
+# msg/s (about one 1 MiB produce request per second) for its first ~5-15 s of traffic, until
+# each partition has taken some full batches; kaas shows no such phase, but gets the same
+# treatment.
+prime() { # BROKER TOPIC PARTITIONS SECONDS [extra kaas-bench args]
+    local b="$1" topic="$2" parts="$3" secs="$4"; shift 4
+    log "pre-loading $topic ($parts partitions) on $b for ${secs}s"
+    timeout 180 "$bench_bin" produce --bootstrap "${addr[$b]}" --topic "$topic" \
+        --partitions "$parts" --message-size 1024 --acks 1 --buffer-memory 4MiB \
+        --warmup 0s --duration "${secs}s" --quiet "$@" \
+        > "$res/prime.$b.$topic.txt" 2>&1 || log "  pre-loading $topic on $b failed, see $res/prime.$b.$topic.txt"
+    grep -E '^produce' "$res/prime.$b.$topic.txt" | sed 's/^/    /' >&2 || true
 }
 for b in "${brokers[@]}"; do
     if has_workload produce-acks1 || has_workload produce-acksall || has_workload consume; then
-        prime "$b" c-p100 100
+        prime "$b" c-p100 100 3
     fi
-    if has_workload e2e; then prime "$b" c-e2e 100; fi
-    if has_workload partitions1000; then prime "$b" c-p1000 1000; fi
+    if has_workload e2e; then prime "$b" c-e2e 100 3; fi
+    if has_workload partitions1000; then prime "$b" c-p1000 1000 8; fi
     if has_workload produce-flush && [[ "$b" == kafka ]]; then
-        prime "$b" c-p100-flush 100 --topic-config flush.messages=1
+        prime "$b" c-p100-flush 100 3 --topic-config flush.messages=1
     fi
 done
 
@@ -297,17 +320,17 @@ echo "duration=$duration warmup=$warmup e2e_rate=$e2e_rate brokers=${brokers[*]}
 memory start
 
 if has_workload produce-acks1; then
-    produce_workload produce-acks1 c-p100 100 1
+    produce_workload produce-acks1 c-p100 100 1 0
 fi
 if has_workload produce-acksall; then
-    produce_workload produce-acksall c-p100 100 all
+    produce_workload produce-acksall c-p100 100 all 0
 fi
 if has_workload produce-flush && [[ " ${brokers[*]} " == *" kafka "* ]]; then
     # Like-for-like durability: Kafka fsyncs every append (flush.messages=1 on the topic).
     kb produce-flush kafka produce --topic c-p100-flush --partitions 100 --message-size 1024 \
         --acks all --topic-config flush.messages=1
     rate="$(kb_rate produce-flush kafka)"
-    pp produce-flush kafka c-p100-flush all $(( ${rate:-0} * (duration + warmup) )) -1 $(( ${rate:-0} * warmup ))
+    pp produce-flush kafka c-p100-flush all "$(pp_records "$rate")" -1 "$(pp_warmup "$rate")"
     memory produce-flush
 fi
 if has_workload consume; then
@@ -315,6 +338,7 @@ if has_workload consume; then
     read -r -a bs <<< "$(order)"
     for b in "${bs[@]}"; do
         kb consume "$b" consume --topic c-p100 --partitions 100 --from earliest --warmup 0s
+        kb consume-again "$b" consume --topic c-p100 --partitions 100 --from earliest --warmup 0s
     done
     for b in $(reverse "${bs[@]}"); do
         n="$(json_field "$res/consume.$b.kb.json" "d['consume']['expected_messages']")"
@@ -336,11 +360,15 @@ if has_workload e2e; then
     turn=$((turn + 1))
 fi
 if has_workload partitions1000; then
-    produce_workload partitions1000 c-p1000 1000 1
+    # Run twice: Kafka's first writes to 1000 partitions after ~30 s without traffic are slow
+    # (see bench/README.md), the second run shows its steady state.
+    produce_workload partitions1000 c-p1000 1000 1 1
 fi
 memory end
 
 # ---- report -------------------------------------------------------------------------------------
+load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+notes+=("load average at start $load, at end $load_end")
 machine="$(nproc) cores ($(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo)), $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r), disk $(df -h "$workdir" | awk 'NR==2{print $1" ("$2")"}')"
 printf '%s\n' "${notes[@]}" > "$res/notes.txt"
 python3 "$here/compare_table.py" "$res" --machine "$machine" --kafka-version "$kafka_version" \
