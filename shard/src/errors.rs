@@ -5,6 +5,7 @@ use kaas_wire::error::BatchError;
 use kaas_wire::kafka_protocol::ResponseError as E;
 
 use crate::catalog::CatalogError;
+use crate::groups::GroupError;
 
 pub const NONE: i16 = 0;
 
@@ -30,6 +31,35 @@ pub fn catalog(e: &CatalogError) -> i16 {
         CatalogError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
         CatalogError::InvalidConfig(_) => E::InvalidConfig.code(),
         CatalogError::Storage { .. } => E::KafkaStorageError.code(),
+    }
+}
+
+/// The group coordinator's errors: each variant is the Kafka error of the same name, except
+/// storage failures, which clients see as a coordinator that is not available (retriable).
+pub fn group(e: &GroupError) -> i16 {
+    match e {
+        GroupError::InvalidGroupId(_) => E::InvalidGroupId.code(),
+        GroupError::InvalidRequest(_) => E::InvalidRequest.code(),
+        GroupError::UnknownMemberId(_) => E::UnknownMemberId.code(),
+        GroupError::IllegalGeneration(_) => E::IllegalGeneration.code(),
+        GroupError::RebalanceInProgress => E::RebalanceInProgress.code(),
+        GroupError::MemberIdRequired => E::MemberIdRequired.code(),
+        GroupError::FencedInstanceId(_) => E::FencedInstanceId.code(),
+        GroupError::UnreleasedInstanceId(_) => E::UnreleasedInstanceId.code(),
+        GroupError::InconsistentGroupProtocol(_) => E::InconsistentGroupProtocol.code(),
+        GroupError::InvalidSessionTimeout { .. } => E::InvalidSessionTimeout.code(),
+        GroupError::GroupIdNotFound(_) => E::GroupIdNotFound.code(),
+        GroupError::NonEmptyGroup => E::NonEmptyGroup.code(),
+        GroupError::FencedMemberEpoch(_) => E::FencedMemberEpoch.code(),
+        GroupError::StaleMemberEpoch(_) => E::StaleMemberEpoch.code(),
+        GroupError::UnsupportedAssignor(_) => E::UnsupportedAssignor.code(),
+        GroupError::InvalidRegularExpression(_) => E::InvalidRegularExpression.code(),
+        GroupError::UnsupportedVersion(_) => E::UnsupportedVersion.code(),
+        GroupError::OffsetMetadataTooLarge { .. } => E::OffsetMetadataTooLarge.code(),
+        GroupError::GroupSubscribedToTopic => E::GroupSubscribedToTopic.code(),
+        GroupError::CoordinatorNotAvailable(_) | GroupError::Storage(_) => {
+            E::CoordinatorNotAvailable.code()
+        }
     }
 }
 
@@ -61,3 +91,4 @@ pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
 pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();
+pub const COORDINATOR_NOT_AVAILABLE: i16 = E::CoordinatorNotAvailable.code();

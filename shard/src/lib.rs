@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod config;
 mod conn;
 pub mod errors;
+pub mod groups;
 mod handlers;
 pub mod mesh;
 pub mod probe;
@@ -234,6 +235,7 @@ async fn run_shard(
         })
     };
     glommio::spawn_local(retention_loop(shard.clone())).detach();
+    glommio::spawn_local(groups::run_coordinator(shard.clone())).detach();
     let _ = ready.send((id, Ok(())));
     tracing::info!(shard = id, listen = %config.listen, "shard serving");
     while !shutdown.load(Ordering::SeqCst) {
@@ -243,6 +245,7 @@ async fn run_shard(
     drop(acceptor);
     probe.listener_bound.store(false, Ordering::SeqCst);
     shard.close_all().await;
+    shard.groups.close_all().await;
     probe.stopped.store(true, Ordering::SeqCst);
     tracing::info!(shard = id, "shard stopped; partitions closed cleanly");
 }

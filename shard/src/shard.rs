@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::catalog::{Catalog, TopicMeta};
 use crate::config::BrokerConfig;
+use crate::groups::{GroupConfig, GroupManager};
 use crate::mesh::Peers;
 use crate::probe::ShardProbe;
 use crate::topic_config;
@@ -46,6 +47,8 @@ pub struct Shard {
     pub probe: Arc<ShardProbe>,
     peers: Peers,
     partitions: RefCell<HashMap<(Uuid, i32), Rc<PartitionSlot>>>,
+    /// The consumer groups this shard coordinates (see `crate::groups`).
+    pub groups: GroupManager,
 }
 
 impl Shard {
@@ -56,9 +59,12 @@ impl Shard {
         probe: Arc<ShardProbe>,
         peers: Peers,
     ) -> Shard {
+        let groups =
+            GroupManager::new(id, config.shards, &config.data_dir, GroupConfig::from_env());
         Shard {
             id,
             nshards: config.shards,
+            groups,
             config,
             catalog,
             probe,

@@ -26,6 +26,21 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeTopicPartitions, 0, 0),
+    // The group coordinator (shard/src/groups). OffsetCommit and OffsetFetch start where
+    // Kafka 4 does (v0/v1 were removed); FindCoordinator v4+ is the batched form.
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::ListGroups, 0, 5),
+    (ApiKey::DescribeGroups, 0, 6),
+    (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    (ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 /// The version range we serve for `api_key`, or `None` when we do not serve it at all.
@@ -92,6 +107,19 @@ mod tests {
                 ApiKey::DescribeTopicPartitions => {
                     within::<DescribeTopicPartitionsRequest>(*lo, *hi)
                 }
+                ApiKey::FindCoordinator => within::<FindCoordinatorRequest>(*lo, *hi),
+                ApiKey::JoinGroup => within::<JoinGroupRequest>(*lo, *hi),
+                ApiKey::SyncGroup => within::<SyncGroupRequest>(*lo, *hi),
+                ApiKey::Heartbeat => within::<HeartbeatRequest>(*lo, *hi),
+                ApiKey::LeaveGroup => within::<LeaveGroupRequest>(*lo, *hi),
+                ApiKey::OffsetCommit => within::<OffsetCommitRequest>(*lo, *hi),
+                ApiKey::OffsetFetch => within::<OffsetFetchRequest>(*lo, *hi),
+                ApiKey::ListGroups => within::<ListGroupsRequest>(*lo, *hi),
+                ApiKey::DescribeGroups => within::<DescribeGroupsRequest>(*lo, *hi),
+                ApiKey::DeleteGroups => within::<DeleteGroupsRequest>(*lo, *hi),
+                ApiKey::OffsetDelete => within::<OffsetDeleteRequest>(*lo, *hi),
+                ApiKey::ConsumerGroupHeartbeat => within::<ConsumerGroupHeartbeatRequest>(*lo, *hi),
+                ApiKey::ConsumerGroupDescribe => within::<ConsumerGroupDescribeRequest>(*lo, *hi),
                 _ => false,
             };
             assert!(ok, "{k:?} {lo}..={hi} outside the codec's range");

@@ -5,6 +5,7 @@
 mod admin;
 mod configs;
 mod fetch;
+mod groups;
 mod metadata;
 mod offsets;
 mod produce;
@@ -73,6 +74,47 @@ pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<Bytes> {
         RequestKind::IncrementalAlterConfigs(r) => ResponseKind::IncrementalAlterConfigs(
             configs::incremental_alter_configs(shard, r).await,
         ),
+        RequestKind::FindCoordinator(r) => {
+            ResponseKind::FindCoordinator(groups::find_coordinator(shard, r, version))
+        }
+        RequestKind::JoinGroup(r) => {
+            let client_id = client_id_of(&request.header);
+            ResponseKind::JoinGroup(groups::join_group(shard, r, version, client_id).await)
+        }
+        RequestKind::SyncGroup(r) => {
+            ResponseKind::SyncGroup(groups::sync_group(shard, r, version).await)
+        }
+        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(shard, r).await),
+        RequestKind::LeaveGroup(r) => {
+            ResponseKind::LeaveGroup(groups::leave_group(shard, r, version).await)
+        }
+        RequestKind::OffsetCommit(r) => {
+            ResponseKind::OffsetCommit(groups::offset_commit(shard, r, version).await)
+        }
+        RequestKind::OffsetFetch(r) => {
+            ResponseKind::OffsetFetch(groups::offset_fetch(shard, r, version).await)
+        }
+        RequestKind::OffsetDelete(r) => {
+            ResponseKind::OffsetDelete(groups::offset_delete(shard, r).await)
+        }
+        RequestKind::ListGroups(r) => {
+            ResponseKind::ListGroups(groups::list_groups(shard, r, version).await)
+        }
+        RequestKind::DescribeGroups(r) => {
+            ResponseKind::DescribeGroups(groups::describe_groups(shard, r, version).await)
+        }
+        RequestKind::DeleteGroups(r) => {
+            ResponseKind::DeleteGroups(groups::delete_groups(shard, r).await)
+        }
+        RequestKind::ConsumerGroupHeartbeat(r) => {
+            let client_id = client_id_of(&request.header);
+            ResponseKind::ConsumerGroupHeartbeat(
+                groups::consumer_group_heartbeat(shard, r, version, client_id).await,
+            )
+        }
+        RequestKind::ConsumerGroupDescribe(r) => ResponseKind::ConsumerGroupDescribe(
+            groups::consumer_group_describe(shard, r, version).await,
+        ),
         other => {
             // Unreachable while the decoder refuses unsupported APIs; kept as a safe answer.
             tracing::error!(api = ?api_key, "decoded a request with no handler: {other:?}");
@@ -88,6 +130,15 @@ pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<Bytes> {
             None
         }
     }
+}
+
+/// The client id from a request header ("" when absent), for group members' descriptions.
+fn client_id_of(header: &kaas_wire::kafka_protocol::messages::RequestHeader) -> String {
+    header
+        .client_id
+        .as_ref()
+        .map(|c| c.to_string())
+        .unwrap_or_default()
 }
 
 /// Looks a topic up, creating it when auto-creation is on and the caller allows it.

@@ -1,0 +1,1129 @@
+//! The KIP-848 consumer group protocol (ConsumerGroupHeartbeat) as a state machine.
+//!
+//! Three epochs drive it, as in Kafka:
+//! - the **group epoch** rises whenever what the assignment depends on changes (a member joins,
+//!   leaves or changes its subscription; a subscribed topic appears, disappears or grows);
+//! - the **assignment epoch** is the group epoch the current *target assignment* was computed
+//!   at; the target is computed by a server-side assignor ([`super::assignor`]) for all
+//!   members at once whenever the group epoch is ahead of it;
+//! - each **member epoch** says which target the member has caught up with.
+//!
+//! Reconciliation moves each member toward its target one heartbeat at a time, revoke before
+//! assign: a member first gives up (and confirms, by no longer reporting them as owned) the
+//! partitions it must lose, keeping its epoch; only then does it move to the target epoch, and
+//! it receives a newly assigned partition only once no other member still owns it (assigned or
+//! pending revocation). So no partition is ever owned by two members at once.
+//!
+//! Pure logic: time, the topic table and the assignor come in as arguments, so every rule is
+//! tested without IO.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::assignor::{GroupAssignment, MemberSpec, TopicSpec};
+use super::GroupError;
+use crate::catalog::TopicTable;
+
+/// Topic id -> partitions.
+pub type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
+
+pub const LEAVE_GROUP_MEMBER_EPOCH: i32 = -1;
+pub const LEAVE_GROUP_STATIC_MEMBER_EPOCH: i32 = -2;
+
+/// Where a member is in its reconciliation (Kafka's `MemberState`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// At the target epoch with everything it may have.
+    Stable,
+    /// Must confirm the revocation of `pending_revocation` before moving on.
+    UnrevokedPartitions,
+    /// At the target epoch, waiting for partitions other members still own.
+    UnreleasedPartitions,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerMember {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub rebalance_timeout_ms: i32,
+    pub server_assignor: Option<String>,
+    pub subscribed_names: BTreeSet<String>,
+    pub subscribed_regex: Option<String>,
+    pub state: MemberState,
+    pub member_epoch: i32,
+    pub previous_member_epoch: i32,
+    pub assigned: Assignment,
+    pub pending_revocation: Assignment,
+    session_deadline: Instant,
+    revocation_deadline: Option<Instant>,
+}
+
+/// A ConsumerGroupHeartbeat as the state machine sees it (`None` = field not sent).
+#[derive(Debug, Clone, Default)]
+pub struct HeartbeatArgs {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub rebalance_timeout_ms: i32,
+    pub subscribed_topic_names: Option<Vec<String>>,
+    pub subscribed_topic_regex: Option<String>,
+    pub server_assignor: Option<String>,
+    pub owned: Option<Vec<(Uuid, Vec<i32>)>>,
+    pub client_id: String,
+    pub client_host: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatResult {
+    pub member_id: String,
+    pub member_epoch: i32,
+    /// Sent when the member joined, sent a full request, or its assignment changed.
+    pub assignment: Option<Vec<(Uuid, Vec<i32>)>>,
+}
+
+/// Runs the named assignor; `None` when the name is unknown.
+pub type AssignFn<'a> =
+    &'a dyn Fn(&str, &[MemberSpec], &BTreeMap<String, TopicSpec>) -> Option<GroupAssignment>;
+
+/// What a heartbeat needs from outside the group.
+pub struct HeartbeatEnv<'a> {
+    pub now: Instant,
+    pub topics: &'a Arc<TopicTable>,
+    pub session_timeout_ms: i32,
+    pub default_assignor: &'a str,
+    pub assign: AssignFn<'a>,
+}
+
+/// Checks a heartbeat before it touches the group (Kafka's request validation).
+pub fn validate(
+    args: &HeartbeatArgs,
+    version: i16,
+    known_assignor: impl Fn(&str) -> bool,
+) -> Result<(), GroupError> {
+    let invalid = |m: &str| Err(GroupError::InvalidRequest(m.to_string()));
+    // v1+ members generate their own id (KIP-1082); v0 members may leave it to us.
+    if (version >= 1 || args.member_epoch > 0 || args.member_epoch == LEAVE_GROUP_MEMBER_EPOCH)
+        && args.member_id.is_empty()
+    {
+        return invalid("MemberId can't be empty.");
+    }
+    if args.instance_id.as_deref() == Some("") {
+        return invalid("InstanceId can't be empty.");
+    }
+    if args.rack_id.as_deref() == Some("") {
+        return invalid("RackId can't be empty.");
+    }
+    match args.member_epoch {
+        0 => {
+            if args.rebalance_timeout_ms == -1 {
+                return invalid("RebalanceTimeoutMs must be provided in first request.");
+            }
+            if !args.owned.as_ref().is_some_and(|o| o.is_empty()) {
+                return invalid("TopicPartitions must be empty when (re-)joining.");
+            }
+            if args.subscribed_topic_names.is_none() && args.subscribed_topic_regex.is_none() {
+                return invalid(
+                    "Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining.",
+                );
+            }
+        }
+        LEAVE_GROUP_STATIC_MEMBER_EPOCH if args.instance_id.is_none() => {
+            return invalid("InstanceId can't be null.");
+        }
+        e if e < LEAVE_GROUP_STATIC_MEMBER_EPOCH => return invalid("MemberEpoch is invalid."),
+        _ => {}
+    }
+    if let Some(a) = &args.server_assignor {
+        if !known_assignor(a) {
+            return Err(GroupError::UnsupportedAssignor(format!(
+                "ServerAssignor {a} is not supported."
+            )));
+        }
+    }
+    if let Some(r) = &args.subscribed_topic_regex {
+        if !r.is_empty() {
+            compile_regex(r)?;
+        }
+    }
+    Ok(())
+}
+
+/// Kafka matches the whole topic name (`Matcher.matches`), so the pattern is anchored.
+fn compile_regex(r: &str) -> Result<regex::Regex, GroupError> {
+    regex::Regex::new(&format!("^(?:{r})$")).map_err(|e| {
+        GroupError::InvalidRegularExpression(format!(
+            "SubscribedTopicRegex `{r}` is not a valid regular expression: {e}."
+        ))
+    })
+}
+
+#[derive(Debug)]
+pub struct ConsumerGroup {
+    pub group_id: String,
+    pub group_epoch: i32,
+    pub assignment_epoch: i32,
+    pub members: BTreeMap<String, ConsumerMember>,
+    /// member id -> target assignment at `assignment_epoch`.
+    pub target: BTreeMap<String, Assignment>,
+    /// Who owns each partition now (assigned or pending revocation).
+    owners: HashMap<(Uuid, i32), String>,
+    /// Subscribed topics that exist: name -> (id, partition count). A change bumps the epoch.
+    subscription_metadata: BTreeMap<String, (Uuid, i32)>,
+    /// Regex -> compiled pattern and the topics it matched in `resolved_for`.
+    regexes: HashMap<String, (regex::Regex, BTreeSet<String>)>,
+    resolved_for: Option<Arc<TopicTable>>,
+    /// group.instance.id -> member id.
+    static_members: HashMap<String, String>,
+    /// The assignor of the last target computation (ConsumerGroupDescribe).
+    pub assignor_name: String,
+}
+
+impl ConsumerGroup {
+    pub fn new(group_id: &str) -> ConsumerGroup {
+        ConsumerGroup {
+            group_id: group_id.to_string(),
+            group_epoch: 0,
+            assignment_epoch: 0,
+            members: BTreeMap::new(),
+            target: BTreeMap::new(),
+            owners: HashMap::new(),
+            subscription_metadata: BTreeMap::new(),
+            regexes: HashMap::new(),
+            resolved_for: None,
+            static_members: HashMap::new(),
+            assignor_name: String::new(),
+        }
+    }
+
+    /// Kafka's state names: Empty, Assigning, Reconciling, Stable.
+    pub fn state_name(&self) -> &'static str {
+        if self.members.is_empty() {
+            "Empty"
+        } else if self.group_epoch > self.assignment_epoch {
+            "Assigning"
+        } else if self
+            .members
+            .values()
+            .any(|m| m.state != MemberState::Stable || m.member_epoch != self.assignment_epoch)
+        {
+            "Reconciling"
+        } else {
+            "Stable"
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Every topic a member subscribes to, by name or through its regex.
+    pub fn member_topics(&self, m: &ConsumerMember) -> BTreeSet<String> {
+        let mut out = m.subscribed_names.clone();
+        if let Some((_, matched)) = m
+            .subscribed_regex
+            .as_ref()
+            .and_then(|r| self.regexes.get(r))
+        {
+            out.extend(matched.iter().cloned());
+        }
+        out
+    }
+
+    /// Topics any member subscribes to (OffsetDelete's GROUP_SUBSCRIBED_TO_TOPIC).
+    pub fn subscribed_topics(&self) -> BTreeSet<String> {
+        self.members
+            .values()
+            .flat_map(|m| self.member_topics(m))
+            .collect()
+    }
+
+    /// Re-resolves regexes against a new topic table (cheap when the table is unchanged).
+    fn refresh_regexes(&mut self, topics: &Arc<TopicTable>) {
+        let wanted: BTreeSet<String> = self
+            .members
+            .values()
+            .filter_map(|m| m.subscribed_regex.clone())
+            .filter(|r| !r.is_empty())
+            .collect();
+        self.regexes.retain(|r, _| wanted.contains(r));
+        let table_changed = !self
+            .resolved_for
+            .as_ref()
+            .is_some_and(|t| Arc::ptr_eq(t, topics));
+        for r in wanted {
+            let fresh = !self.regexes.contains_key(&r);
+            if fresh {
+                let Ok(re) = compile_regex(&r) else { continue };
+                self.regexes.insert(r.clone(), (re, BTreeSet::new()));
+            }
+            if fresh || table_changed {
+                let (re, matched) = self.regexes.get_mut(&r).expect("inserted");
+                *matched = topics
+                    .topics
+                    .keys()
+                    .filter(|t| re.is_match(t))
+                    .cloned()
+                    .collect();
+            }
+        }
+        self.resolved_for = Some(topics.clone());
+    }
+
+    fn compute_subscription_metadata(&self, topics: &TopicTable) -> BTreeMap<String, (Uuid, i32)> {
+        let mut out = BTreeMap::new();
+        for m in self.members.values() {
+            for t in self.member_topics(m) {
+                if let Some(meta) = topics.get(&t) {
+                    out.insert(t, (meta.id, meta.partitions));
+                }
+            }
+        }
+        out
+    }
+
+    /// The assignor most members ask for; the default when none asks.
+    fn preferred_assignor(&self, default: &str) -> String {
+        let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in self.members.values() {
+            if let Some(a) = &m.server_assignor {
+                *votes.entry(a.as_str()).or_default() += 1;
+            }
+        }
+        let best = votes.values().copied().max();
+        match best {
+            Some(b) => votes
+                .into_iter()
+                .find(|(_, v)| *v == b)
+                .map(|(k, _)| k.to_string())
+                .unwrap_or_else(|| default.to_string()),
+            None => default.to_string(),
+        }
+    }
+
+    fn compute_target(&mut self, env: &HeartbeatEnv<'_>) {
+        let names: HashMap<Uuid, &str> = self
+            .subscription_metadata
+            .iter()
+            .map(|(n, (id, _))| (*id, n.as_str()))
+            .collect();
+        let topics: BTreeMap<String, TopicSpec> = self
+            .subscription_metadata
+            .iter()
+            .map(|(n, (_, p))| {
+                (
+                    n.clone(),
+                    TopicSpec {
+                        name: n.clone(),
+                        partitions: *p,
+                        partition_racks: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        let specs: Vec<MemberSpec> = self
+            .members
+            .values()
+            .map(|m| MemberSpec {
+                member_id: m.member_id.clone(),
+                rack: m.rack_id.clone(),
+                subscribed_topics: self
+                    .member_topics(m)
+                    .into_iter()
+                    .filter(|t| topics.contains_key(t))
+                    .collect(),
+                current: self
+                    .target
+                    .get(&m.member_id)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|(id, ps)| {
+                                names.get(id).map(|n| (n.to_string(), ps.clone()))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let name = self.preferred_assignor(env.default_assignor);
+        let result = (env.assign)(&name, &specs, &topics)
+            .or_else(|| (env.assign)(env.default_assignor, &specs, &topics))
+            .unwrap_or_default();
+        let mut target = BTreeMap::new();
+        for m in self.members.keys() {
+            let mut a = Assignment::new();
+            if let Some(per_topic) = result.get(m) {
+                for (t, ps) in per_topic {
+                    if let Some((id, count)) = self.subscription_metadata.get(t) {
+                        let ps: BTreeSet<i32> = ps
+                            .iter()
+                            .copied()
+                            .filter(|p| (0..*count).contains(p))
+                            .collect();
+                        if !ps.is_empty() {
+                            a.insert(*id, ps);
+                        }
+                    }
+                }
+            }
+            target.insert(m.clone(), a);
+        }
+        self.target = target;
+        self.assignment_epoch = self.group_epoch;
+        self.assignor_name = name;
+    }
+
+    fn set_member_ownership(&mut self, member_id: &str, assigned: Assignment, pending: Assignment) {
+        let m = self.members.get_mut(member_id).expect("member exists");
+        for (t, ps) in m.assigned.iter().chain(m.pending_revocation.iter()) {
+            for p in ps {
+                if self.owners.get(&(*t, *p)).map(String::as_str) == Some(member_id) {
+                    self.owners.remove(&(*t, *p));
+                }
+            }
+        }
+        for (t, ps) in assigned.iter().chain(pending.iter()) {
+            for p in ps {
+                self.owners.insert((*t, *p), member_id.to_string());
+            }
+        }
+        m.assigned = assigned;
+        m.pending_revocation = pending;
+    }
+
+    fn remove_member(&mut self, member_id: &str) {
+        if !self.members.contains_key(member_id) {
+            return;
+        }
+        self.set_member_ownership(member_id, Assignment::new(), Assignment::new());
+        if let Some(m) = self.members.remove(member_id) {
+            if let Some(i) = &m.instance_id {
+                if self.static_members.get(i).map(String::as_str) == Some(member_id) {
+                    self.static_members.remove(i);
+                }
+            }
+        }
+        self.target.remove(member_id);
+        self.group_epoch += 1;
+    }
+
+    /// ConsumerGroupHeartbeat. `args` has passed [`validate`].
+    pub fn heartbeat(
+        &mut self,
+        args: HeartbeatArgs,
+        env: &HeartbeatEnv<'_>,
+    ) -> Result<HeartbeatResult, GroupError> {
+        if args.member_epoch == LEAVE_GROUP_MEMBER_EPOCH
+            || args.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH
+        {
+            return self.leave(&args);
+        }
+        let member_id = if args.member_id.is_empty() {
+            uuid::Uuid::new_v4().to_string()
+        } else {
+            args.member_id.clone()
+        };
+        let session = Duration::from_millis(env.session_timeout_ms.max(0) as u64);
+        let joining = args.member_epoch == 0;
+        let mut bump = self.group_epoch == 0;
+        let before: Option<ConsumerMember> = self.members.get(&member_id).cloned();
+
+        // 1. Find or create the member.
+        if joining {
+            if let Some(instance) = &args.instance_id {
+                if let Some(old_id) = self.static_members.get(instance).cloned() {
+                    if old_id != member_id {
+                        let old_epoch = self.members.get(&old_id).map(|m| m.member_epoch);
+                        if old_epoch.is_some_and(|e| e != LEAVE_GROUP_STATIC_MEMBER_EPOCH) {
+                            return Err(GroupError::UnreleasedInstanceId(format!(
+                                "Static member {member_id} with instance id {instance} cannot join the group because the instance id is owned by {old_id} member."
+                            )));
+                        }
+                        self.replace_static_member(&old_id, &member_id);
+                    }
+                }
+                self.static_members
+                    .insert(instance.clone(), member_id.clone());
+            }
+            match self.members.get(&member_id) {
+                // A member rejoining with epoch 0 lost its partitions: start it afresh.
+                Some(m) if m.member_epoch != 0 || !m.assigned.is_empty() => {
+                    if m.instance_id.is_none() {
+                        self.set_member_ownership(&member_id, Assignment::new(), Assignment::new());
+                        let m = self.members.get_mut(&member_id).expect("exists");
+                        m.member_epoch = 0;
+                        m.previous_member_epoch = 0;
+                        m.state = MemberState::Stable;
+                        m.revocation_deadline = None;
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    self.members.insert(
+                        member_id.clone(),
+                        ConsumerMember {
+                            member_id: member_id.clone(),
+                            instance_id: args.instance_id.clone(),
+                            rack_id: None,
+                            client_id: String::new(),
+                            client_host: String::new(),
+                            rebalance_timeout_ms: args.rebalance_timeout_ms,
+                            server_assignor: None,
+                            subscribed_names: BTreeSet::new(),
+                            subscribed_regex: None,
+                            state: MemberState::Stable,
+                            member_epoch: 0,
+                            previous_member_epoch: 0,
+                            assigned: Assignment::new(),
+                            pending_revocation: Assignment::new(),
+                            session_deadline: env.now + session,
+                            revocation_deadline: None,
+                        },
+                    );
+                    bump = true;
+                }
+            }
+        } else {
+            if let Some(instance) = &args.instance_id {
+                match self.static_members.get(instance) {
+                    None => {
+                        return Err(GroupError::UnknownMemberId(format!(
+                            "Instance id {instance} is unknown."
+                        )))
+                    }
+                    Some(owner) if *owner != member_id => {
+                        return Err(GroupError::FencedInstanceId(format!(
+                            "Static member {member_id} with instance id {instance} was fenced by member {owner}."
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+            let Some(m) = self.members.get(&member_id) else {
+                return Err(GroupError::UnknownMemberId(format!(
+                    "Member {member_id} is not a member of group {}.",
+                    self.group_id
+                )));
+            };
+            check_epoch(m, args.member_epoch, args.owned.as_deref())?;
+        }
+
+        // 2. Update what the member told us; a new subscription bumps the group epoch.
+        {
+            let m = self.members.get_mut(&member_id).expect("found or created");
+            m.session_deadline = env.now + session;
+            m.client_id = args.client_id.clone();
+            m.client_host = args.client_host.clone();
+            if let Some(i) = &args.instance_id {
+                m.instance_id = Some(i.clone());
+            }
+            if args.rack_id.is_some() {
+                m.rack_id = args.rack_id.clone();
+            }
+            if args.rebalance_timeout_ms != -1 {
+                m.rebalance_timeout_ms = args.rebalance_timeout_ms;
+            }
+            if args.server_assignor.is_some() {
+                m.server_assignor = args.server_assignor.clone();
+            }
+            if let Some(names) = &args.subscribed_topic_names {
+                let names: BTreeSet<String> = names.iter().cloned().collect();
+                if names != m.subscribed_names {
+                    m.subscribed_names = names;
+                    bump = true;
+                }
+            }
+            if let Some(r) = &args.subscribed_topic_regex {
+                let r = Some(r.clone()).filter(|r| !r.is_empty());
+                if r != m.subscribed_regex {
+                    m.subscribed_regex = r;
+                    bump = true;
+                }
+            }
+        }
+
+        // 3. Topics matter too: a subscribed topic created, deleted or grown bumps the epoch.
+        self.refresh_regexes(env.topics);
+        let metadata = self.compute_subscription_metadata(env.topics);
+        if metadata != self.subscription_metadata {
+            self.subscription_metadata = metadata;
+            bump = true;
+        }
+        if bump {
+            self.group_epoch += 1;
+        }
+        if self.group_epoch > self.assignment_epoch {
+            self.compute_target(env);
+        }
+
+        // 4. Reconcile this member toward its target.
+        self.reconcile(&member_id, args.owned.as_deref(), env.now);
+
+        let m = &self.members[&member_id];
+        let full_request = joining
+            || (args.rebalance_timeout_ms != -1
+                && (args.subscribed_topic_names.is_some()
+                    || args.subscribed_topic_regex.is_some())
+                && args.owned.is_some());
+        let changed = before.as_ref().is_none_or(|b| b.assigned != m.assigned);
+        let assignment = (full_request || changed).then(|| {
+            m.assigned
+                .iter()
+                .map(|(t, ps)| (*t, ps.iter().copied().collect()))
+                .collect()
+        });
+        Ok(HeartbeatResult {
+            member_id,
+            member_epoch: m.member_epoch,
+            assignment,
+        })
+    }
+
+    /// A static member came back under a new member id: it inherits the old one's partitions.
+    fn replace_static_member(&mut self, old_id: &str, new_id: &str) {
+        let Some(mut old) = self.members.remove(old_id) else {
+            return;
+        };
+        let assigned = std::mem::take(&mut old.assigned);
+        let pending = std::mem::take(&mut old.pending_revocation);
+        for (t, ps) in assigned.iter().chain(pending.iter()) {
+            for p in ps {
+                self.owners.remove(&(*t, *p));
+            }
+        }
+        old.member_id = new_id.to_string();
+        old.member_epoch = 0;
+        old.previous_member_epoch = 0;
+        old.state = MemberState::Stable;
+        old.revocation_deadline = None;
+        self.members.insert(new_id.to_string(), old);
+        if let Some(t) = self.target.remove(old_id) {
+            self.target.insert(new_id.to_string(), t);
+        }
+        self.set_member_ownership(new_id, assigned, Assignment::new());
+    }
+
+    fn leave(&mut self, args: &HeartbeatArgs) -> Result<HeartbeatResult, GroupError> {
+        let member_id = match &args.instance_id {
+            Some(instance) => {
+                let Some(owner) = self.static_members.get(instance).cloned() else {
+                    return Err(GroupError::UnknownMemberId(format!(
+                        "Instance id {instance} is unknown."
+                    )));
+                };
+                if !args.member_id.is_empty() && owner != args.member_id {
+                    return Err(GroupError::FencedInstanceId(format!(
+                        "Static member {} with instance id {instance} was fenced by member {owner}.",
+                        args.member_id
+                    )));
+                }
+                owner
+            }
+            None => args.member_id.clone(),
+        };
+        if !self.members.contains_key(&member_id) {
+            return Err(GroupError::UnknownMemberId(format!(
+                "Member {member_id} is not a member of group {}.",
+                self.group_id
+            )));
+        }
+        if args.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH {
+            // A static member leaving temporarily keeps its partitions until its session
+            // expires, so a quick restart gets them back without a rebalance.
+            if let Some(m) = self.members.get_mut(&member_id) {
+                m.member_epoch = LEAVE_GROUP_STATIC_MEMBER_EPOCH;
+            }
+        } else {
+            self.remove_member(&member_id);
+        }
+        Ok(HeartbeatResult {
+            member_id,
+            member_epoch: args.member_epoch,
+            assignment: None,
+        })
+    }
+
+    /// Kafka's CurrentAssignmentBuilder: one reconciliation step for one member.
+    fn reconcile(&mut self, member_id: &str, owned: Option<&[(Uuid, Vec<i32>)]>, now: Instant) {
+        let m = &self.members[member_id];
+        if m.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH {
+            return;
+        }
+        let owns_any = |revoked: &Assignment| match owned {
+            None => true,
+            Some(o) => o.iter().any(|(t, ps)| {
+                revoked
+                    .get(t)
+                    .is_some_and(|r| ps.iter().any(|p| r.contains(p)))
+            }),
+        };
+        match m.state {
+            MemberState::Stable if m.member_epoch == self.assignment_epoch => return,
+            MemberState::UnrevokedPartitions if owns_any(&m.pending_revocation) => return,
+            _ => {}
+        }
+        let target = self.target.get(member_id).cloned().unwrap_or_default();
+        let mut assigned = Assignment::new();
+        let mut revoke = Assignment::new();
+        let mut to_assign = Assignment::new();
+        let mut unreleased = false;
+        let topics: BTreeSet<Uuid> = target.keys().chain(m.assigned.keys()).copied().collect();
+        for t in topics {
+            let want = target.get(&t).cloned().unwrap_or_default();
+            let have = m.assigned.get(&t).cloned().unwrap_or_default();
+            let keep: BTreeSet<i32> = have.intersection(&want).copied().collect();
+            let gone: BTreeSet<i32> = have.difference(&keep).copied().collect();
+            let mut new: BTreeSet<i32> = want.difference(&keep).copied().collect();
+            let mine_pending = m.pending_revocation.get(&t);
+            new.retain(|p| {
+                let free = match self.owners.get(&(t, *p)) {
+                    None => true,
+                    Some(o) => o == member_id && mine_pending.is_some_and(|x| x.contains(p)),
+                };
+                unreleased |= !free;
+                free
+            });
+            if !keep.is_empty() {
+                assigned.insert(t, keep);
+            }
+            if !gone.is_empty() {
+                revoke.insert(t, gone);
+            }
+            if !new.is_empty() {
+                to_assign.insert(t, new);
+            }
+        }
+        let epoch = m.member_epoch;
+        let rebalance_timeout = Duration::from_millis(m.rebalance_timeout_ms.max(0) as u64);
+        let (state, new_epoch, pending) = if !revoke.is_empty() && owns_any(&revoke) {
+            // Revoke first; the member keeps its epoch until it confirms.
+            (MemberState::UnrevokedPartitions, epoch, revoke)
+        } else {
+            for (t, ps) in to_assign {
+                assigned.entry(t).or_default().extend(ps);
+            }
+            let state = if unreleased {
+                MemberState::UnreleasedPartitions
+            } else {
+                MemberState::Stable
+            };
+            (state, self.assignment_epoch, Assignment::new())
+        };
+        self.set_member_ownership(member_id, assigned, pending);
+        let m = self.members.get_mut(member_id).expect("exists");
+        if new_epoch != m.member_epoch {
+            m.previous_member_epoch = m.member_epoch;
+            m.member_epoch = new_epoch;
+        }
+        if state == MemberState::UnrevokedPartitions {
+            if m.state != MemberState::UnrevokedPartitions || m.revocation_deadline.is_none() {
+                m.revocation_deadline = Some(now + rebalance_timeout);
+            }
+        } else {
+            m.revocation_deadline = None;
+        }
+        m.state = state;
+    }
+
+    /// Expired sessions and members that did not revoke within their rebalance timeout are
+    /// removed. Returns true when something changed.
+    pub fn tick(&mut self, now: Instant) -> bool {
+        let gone: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| {
+                now >= m.session_deadline || m.revocation_deadline.is_some_and(|d| now >= d)
+            })
+            .map(|m| m.member_id.clone())
+            .collect();
+        for id in &gone {
+            tracing::info!(group = %self.group_id, member = %id, "member fenced: session or rebalance timeout expired");
+            self.remove_member(id);
+        }
+        !gone.is_empty()
+    }
+
+    /// OffsetCommit: admin / standalone commits (epoch < 0) only while the group is empty;
+    /// members commit at their current epoch.
+    pub fn validate_commit(
+        &self,
+        member_id: &str,
+        member_epoch: i32,
+        version: i16,
+    ) -> Result<(), GroupError> {
+        if member_epoch < 0 && self.members.is_empty() {
+            return Ok(());
+        }
+        let Some(m) = self.members.get(member_id) else {
+            return Err(GroupError::UnknownMemberId(format!(
+                "Member {member_id} is not a member of group {}.",
+                self.group_id
+            )));
+        };
+        if version < 9 {
+            return Err(GroupError::UnsupportedVersion(
+                "OffsetCommit version 9 or above must be used by members using the consumer group protocol".into(),
+            ));
+        }
+        check_commit_epoch(m, member_epoch)
+    }
+
+    /// OffsetFetch v9: a member reading offsets must be current.
+    pub fn validate_fetch(&self, member_id: &str, member_epoch: i32) -> Result<(), GroupError> {
+        let Some(m) = self.members.get(member_id) else {
+            return Err(GroupError::UnknownMemberId(format!(
+                "Member {member_id} is not a member of group {}.",
+                self.group_id
+            )));
+        };
+        check_commit_epoch(m, member_epoch)
+    }
+}
+
+fn check_commit_epoch(m: &ConsumerMember, epoch: i32) -> Result<(), GroupError> {
+    if epoch > m.member_epoch {
+        return Err(GroupError::FencedMemberEpoch(format!(
+            "The member epoch {epoch} is ahead of the coordinator's {}.",
+            m.member_epoch
+        )));
+    }
+    if epoch < m.member_epoch {
+        return Err(GroupError::StaleMemberEpoch(format!(
+            "The member epoch {epoch} is behind the coordinator's {}.",
+            m.member_epoch
+        )));
+    }
+    Ok(())
+}
+
+/// A heartbeat's epoch must be the member's, or its previous one when the answer that moved
+/// it on was lost (then it may only own partitions it still has).
+fn check_epoch(
+    m: &ConsumerMember,
+    received: i32,
+    owned: Option<&[(Uuid, Vec<i32>)]>,
+) -> Result<(), GroupError> {
+    if received > m.member_epoch {
+        return Err(GroupError::FencedMemberEpoch(format!(
+            "The consumer group member has a greater member epoch ({received}) than the one known by the group coordinator ({}). The member must abandon all its partitions and rejoin.",
+            m.member_epoch
+        )));
+    }
+    if received < m.member_epoch {
+        let subset = owned.is_some_and(|o| {
+            o.iter().all(|(t, ps)| {
+                m.assigned
+                    .get(t)
+                    .is_some_and(|a| ps.iter().all(|p| a.contains(p)))
+            })
+        });
+        if received != m.previous_member_epoch || !subset {
+            return Err(GroupError::FencedMemberEpoch(format!(
+                "The consumer group member has a smaller member epoch ({received}) than the one known by the group coordinator ({}). The member must abandon all its partitions and rejoin.",
+                m.member_epoch
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::TopicMeta;
+
+    fn table(topics: &[(&str, i32)]) -> Arc<TopicTable> {
+        let mut t = TopicTable::default();
+        for (i, (name, parts)) in topics.iter().enumerate() {
+            t.topics.insert(
+                name.to_string(),
+                Arc::new(TopicMeta {
+                    name: name.to_string(),
+                    id: Uuid::from_u128(i as u128 + 1),
+                    partitions: *parts,
+                    configs: Default::default(),
+                }),
+            );
+        }
+        Arc::new(t)
+    }
+
+    /// A round-robin stand-in for the server assignors (the real ones are tested in their
+    /// own module): sticky enough for these tests, balanced, deterministic.
+    fn round_robin(
+        _name: &str,
+        members: &[MemberSpec],
+        topics: &BTreeMap<String, TopicSpec>,
+    ) -> Option<GroupAssignment> {
+        let mut out: GroupAssignment = members
+            .iter()
+            .map(|m| (m.member_id.clone(), BTreeMap::new()))
+            .collect();
+        let mut i = 0usize;
+        for (name, t) in topics {
+            let subs: Vec<&MemberSpec> = members
+                .iter()
+                .filter(|m| m.subscribed_topics.contains(name))
+                .collect();
+            if subs.is_empty() {
+                continue;
+            }
+            for p in 0..t.partitions {
+                let m = subs[i % subs.len()];
+                i += 1;
+                out.get_mut(&m.member_id)
+                    .unwrap()
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(p);
+            }
+        }
+        Some(out)
+    }
+
+    fn env<'a>(now: Instant, topics: &'a Arc<TopicTable>) -> HeartbeatEnv<'a> {
+        HeartbeatEnv {
+            now,
+            topics,
+            session_timeout_ms: 45_000,
+            default_assignor: "uniform",
+            assign: &round_robin,
+        }
+    }
+
+    fn join(id: &str, topics: &[&str]) -> HeartbeatArgs {
+        HeartbeatArgs {
+            member_id: id.into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topic_names: Some(topics.iter().map(|s| s.to_string()).collect()),
+            owned: Some(vec![]),
+            ..Default::default()
+        }
+    }
+
+    fn hb(id: &str, epoch: i32, owned: &[(Uuid, Vec<i32>)]) -> HeartbeatArgs {
+        HeartbeatArgs {
+            member_id: id.into(),
+            member_epoch: epoch,
+            rebalance_timeout_ms: -1,
+            owned: Some(owned.to_vec()),
+            ..Default::default()
+        }
+    }
+
+    fn owned_of(r: &HeartbeatResult) -> Vec<(Uuid, Vec<i32>)> {
+        r.assignment.clone().unwrap_or_default()
+    }
+
+    fn count(a: &[(Uuid, Vec<i32>)]) -> usize {
+        a.iter().map(|(_, p)| p.len()).sum()
+    }
+
+    // One member gets everything at once; a second member joining makes the first revoke half
+    // before the second gets them: no partition is ever owned twice.
+    #[test]
+    fn revoke_before_assign() {
+        let t = table(&[("orders", 4)]);
+        let now = Instant::now();
+        let mut g = ConsumerGroup::new("g");
+        let a1 = g.heartbeat(join("a", &["orders"]), &env(now, &t)).unwrap();
+        assert_eq!(a1.member_epoch, 1);
+        assert_eq!(count(&owned_of(&a1)), 4);
+        assert_eq!(g.state_name(), "Stable");
+
+        let b1 = g.heartbeat(join("b", &["orders"]), &env(now, &t)).unwrap();
+        assert_eq!(b1.member_epoch, 2);
+        assert_eq!(count(&owned_of(&b1)), 0, "a still owns them");
+        assert_eq!(g.state_name(), "Reconciling");
+
+        // a hears about the new target: it must revoke two, keeping epoch 1.
+        let a2 = g
+            .heartbeat(hb("a", 1, &owned_of(&a1)), &env(now, &t))
+            .unwrap();
+        assert_eq!(a2.member_epoch, 1);
+        assert_eq!(count(&owned_of(&a2)), 2);
+        // b still gets nothing while a reports the revoked ones as owned.
+        let b2 = g.heartbeat(hb("b", 2, &[]), &env(now, &t)).unwrap();
+        assert_eq!(b2.assignment, None);
+        // a confirms; it moves to epoch 2.
+        let a3 = g
+            .heartbeat(hb("a", 1, &owned_of(&a2)), &env(now, &t))
+            .unwrap();
+        assert_eq!(a3.member_epoch, 2);
+        // Now b gets the released partitions.
+        let b3 = g.heartbeat(hb("b", 2, &[]), &env(now, &t)).unwrap();
+        assert_eq!(count(&owned_of(&b3)), 2);
+        let mut all: Vec<i32> = owned_of(&a2)
+            .into_iter()
+            .chain(owned_of(&b3))
+            .flat_map(|(_, p)| p)
+            .collect();
+        all.sort();
+        assert_eq!(all, vec![0, 1, 2, 3]);
+        assert_eq!(g.state_name(), "Stable");
+    }
+
+    // A leaving member's partitions go to the others on their next heartbeat; a session that
+    // expires does the same.
+    #[test]
+    fn leave_and_expiry() {
+        let t = table(&[("orders", 4)]);
+        let now = Instant::now();
+        let mut g = ConsumerGroup::new("g");
+        g.heartbeat(join("a", &["orders"]), &env(now, &t)).unwrap();
+        g.heartbeat(join("b", &["orders"]), &env(now, &t)).unwrap();
+        // Converge.
+        for _ in 0..4 {
+            for id in ["a", "b"] {
+                let m = &g.members[id];
+                let owned: Vec<(Uuid, Vec<i32>)> = m
+                    .assigned
+                    .iter()
+                    .map(|(t, p)| (*t, p.iter().copied().collect()))
+                    .collect();
+                g.heartbeat(hb(id, m.member_epoch, &owned), &env(now, &t))
+                    .unwrap();
+            }
+        }
+        assert_eq!(g.state_name(), "Stable");
+        let epoch = g.group_epoch;
+        let left = g
+            .heartbeat(
+                HeartbeatArgs {
+                    member_id: "b".into(),
+                    member_epoch: LEAVE_GROUP_MEMBER_EPOCH,
+                    ..Default::default()
+                },
+                &env(now, &t),
+            )
+            .unwrap();
+        assert_eq!(left.member_epoch, -1);
+        assert_eq!(g.group_epoch, epoch + 1);
+        let m = &g.members["a"];
+        let owned: Vec<(Uuid, Vec<i32>)> = m
+            .assigned
+            .iter()
+            .map(|(t, p)| (*t, p.iter().copied().collect()))
+            .collect();
+        let a = g
+            .heartbeat(hb("a", m.member_epoch, &owned), &env(now, &t))
+            .unwrap();
+        assert_eq!(count(&owned_of(&a)), 4);
+
+        g.heartbeat(join("c", &["orders"]), &env(now, &t)).unwrap();
+        assert!(g.tick(now + Duration::from_secs(46)));
+        assert!(g.members.is_empty());
+        assert_eq!(g.state_name(), "Empty");
+    }
+
+    // Epoch checks: ahead is fenced, behind is fenced unless it is the previous epoch with a
+    // subset of the assignment; unknown members are refused.
+    #[test]
+    fn epoch_fencing() {
+        let t = table(&[("orders", 2)]);
+        let now = Instant::now();
+        let mut g = ConsumerGroup::new("g");
+        let a = g.heartbeat(join("a", &["orders"]), &env(now, &t)).unwrap();
+        assert!(matches!(
+            g.heartbeat(hb("a", 5, &[]), &env(now, &t)),
+            Err(GroupError::FencedMemberEpoch(_))
+        ));
+        assert!(matches!(
+            g.heartbeat(hb("zz", 1, &[]), &env(now, &t)),
+            Err(GroupError::UnknownMemberId(_))
+        ));
+        // Lost answer: the member still at epoch 0 owning nothing is accepted.
+        assert!(g.heartbeat(hb("a", 0, &[]), &env(now, &t)).is_ok());
+        assert!(g
+            .heartbeat(hb("a", a.member_epoch, &owned_of(&a)), &env(now, &t))
+            .is_ok());
+        assert!(g.validate_commit("a", a.member_epoch, 9).is_ok());
+        assert!(matches!(
+            g.validate_commit("a", a.member_epoch - 1, 9),
+            Err(GroupError::StaleMemberEpoch(_))
+        ));
+        assert!(g.validate_commit("", -1, 9).is_err(), "group not empty");
+    }
+
+    // Regex subscriptions resolve against the topic table and follow topic creation.
+    #[test]
+    fn regex_subscription() {
+        let t1 = table(&[("orders-eu", 2), ("orders-us", 2), ("payments", 2)]);
+        let now = Instant::now();
+        let mut g = ConsumerGroup::new("g");
+        let mut args = join("a", &[]);
+        args.subscribed_topic_names = None;
+        args.subscribed_topic_regex = Some("orders-.*".into());
+        let a = g.heartbeat(args, &env(now, &t1)).unwrap();
+        assert_eq!(count(&owned_of(&a)), 4);
+        let t2 = table(&[
+            ("orders-eu", 2),
+            ("orders-us", 2),
+            ("payments", 2),
+            ("orders-ap", 3),
+        ]);
+        let a2 = g
+            .heartbeat(hb("a", a.member_epoch, &owned_of(&a)), &env(now, &t2))
+            .unwrap();
+        assert_eq!(count(&owned_of(&a2)), 7);
+        assert!(a2.member_epoch > a.member_epoch);
+    }
+
+    // Request validation follows Kafka's rules.
+    #[test]
+    fn validation() {
+        let ok = |a: &HeartbeatArgs, v| validate(a, v, |n| n == "uniform");
+        assert!(ok(&join("a", &["t"]), 1).is_ok());
+        assert!(ok(&join("", &["t"]), 1).is_err());
+        assert!(ok(&join("", &["t"]), 0).is_ok());
+        let mut bad = join("a", &["t"]);
+        bad.subscribed_topic_names = None;
+        assert!(ok(&bad, 1).is_err());
+        bad = join("a", &["t"]);
+        bad.server_assignor = Some("nope".into());
+        assert!(matches!(
+            ok(&bad, 1),
+            Err(GroupError::UnsupportedAssignor(_))
+        ));
+        bad = join("a", &["t"]);
+        bad.subscribed_topic_regex = Some("(".into());
+        assert!(matches!(
+            ok(&bad, 1),
+            Err(GroupError::InvalidRegularExpression(_))
+        ));
+        bad = hb("a", -3, &[]);
+        assert!(ok(&bad, 1).is_err());
+    }
+
+    // A static member that leaves temporarily keeps its partitions, and its next instance
+    // inherits them; a second live instance with the same id is refused.
+    #[test]
+    fn static_membership() {
+        let t = table(&[("orders", 2)]);
+        let now = Instant::now();
+        let mut g = ConsumerGroup::new("g");
+        let mut a = join("a1", &["orders"]);
+        a.instance_id = Some("i".into());
+        let r = g.heartbeat(a.clone(), &env(now, &t)).unwrap();
+        assert_eq!(count(&owned_of(&r)), 2);
+        let mut dup = a.clone();
+        dup.member_id = "a2".into();
+        assert!(matches!(
+            g.heartbeat(dup.clone(), &env(now, &t)),
+            Err(GroupError::UnreleasedInstanceId(_))
+        ));
+        let mut leave = hb("a1", LEAVE_GROUP_STATIC_MEMBER_EPOCH, &[]);
+        leave.instance_id = Some("i".into());
+        g.heartbeat(leave, &env(now, &t)).unwrap();
+        let r2 = g.heartbeat(dup, &env(now, &t)).unwrap();
+        assert_eq!(count(&owned_of(&r2)), 2);
+        assert!(!g.members.contains_key("a1"));
+    }
+}

@@ -1,0 +1,433 @@
+//! [`GroupManager`]: the groups one shard owns, their membership state and their offsets.
+//!
+//! Lives on its shard's thread only (`Rc`, `RefCell`). A borrow of a group's state is never
+//! held across an `.await`: state machines run to completion between awaits, and waiting
+//! (JoinGroup, SyncGroup, durable commits) happens on channels and futures outside the borrow.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use futures::channel::oneshot;
+use glommio::sync::Semaphore;
+
+use super::assignor::{self, GroupAssignment, MemberSpec, TopicSpec};
+use super::classic::{ClassicGroup, ClassicState};
+use super::consumer::ConsumerGroup;
+use super::offsets::{self, OffsetLog, OffsetRecord, OffsetTable, GROUP_ID_FILE};
+use super::{owner_shard, GroupConfig, GroupError};
+
+/// The membership side of a group: classic or KIP-848. A group with no members (for instance
+/// one loaded from disk with only offsets) may switch kind when a member of the other kind
+/// arrives.
+#[derive(Debug)]
+pub enum GroupKind {
+    Classic(ClassicGroup),
+    Consumer(ConsumerGroup),
+}
+
+impl GroupKind {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            GroupKind::Classic(g) => g.is_empty() && g.state == ClassicState::Empty,
+            GroupKind::Consumer(g) => g.is_empty(),
+        }
+    }
+    /// Kafka's state name.
+    pub fn state_name(&self) -> &'static str {
+        match self {
+            GroupKind::Classic(g) => g.state.name(),
+            GroupKind::Consumer(g) => g.state_name(),
+        }
+    }
+    /// ListGroups' `group_type`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            GroupKind::Classic(_) => "classic",
+            GroupKind::Consumer(_) => "consumer",
+        }
+    }
+    /// ListGroups' `protocol_type`.
+    pub fn protocol_type(&self) -> String {
+        match self {
+            GroupKind::Classic(g) => g.protocol_type.clone().unwrap_or_default(),
+            GroupKind::Consumer(_) => "consumer".to_string(),
+        }
+    }
+}
+
+/// One group.
+pub struct Group {
+    pub id: String,
+    pub kind: RefCell<GroupKind>,
+    pub offsets: RefCell<OffsetTable>,
+    log: RefCell<Option<Rc<OffsetLog>>>,
+    log_open: Semaphore,
+    /// Set when DeleteGroups removed the group; later commits through a stale handle fail.
+    deleted: Cell<bool>,
+}
+
+impl Group {
+    fn new(id: &str, kind: GroupKind, offsets: OffsetTable, log: Option<Rc<OffsetLog>>) -> Group {
+        Group {
+            id: id.to_string(),
+            kind: RefCell::new(kind),
+            offsets: RefCell::new(offsets),
+            log: RefCell::new(log),
+            log_open: Semaphore::new(1),
+            deleted: Cell::new(false),
+        }
+    }
+}
+
+/// A row of ListGroups.
+#[derive(Debug, Clone)]
+pub struct ListedGroup {
+    pub group_id: String,
+    pub protocol_type: String,
+    pub state: &'static str,
+    pub group_type: &'static str,
+}
+
+pub struct GroupManager {
+    shard_id: usize,
+    nshards: usize,
+    pub config: GroupConfig,
+    data_dir: PathBuf,
+    root: PathBuf,
+    groups: RefCell<HashMap<String, Rc<Group>>>,
+    loaded: Cell<bool>,
+    load_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+}
+
+impl GroupManager {
+    pub fn new(shard_id: usize, nshards: usize, data_dir: &Path, config: GroupConfig) -> Self {
+        GroupManager {
+            shard_id,
+            nshards,
+            config,
+            data_dir: data_dir.to_path_buf(),
+            root: data_dir.join("__groups"),
+            groups: RefCell::new(HashMap::new()),
+            loaded: Cell::new(false),
+            load_waiters: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Whether this shard owns `group_id`.
+    pub fn owns(&self, group_id: &str) -> bool {
+        owner_shard(group_id, self.nshards) == self.shard_id
+    }
+
+    /// Waits until the groups on disk have been loaded (requests that arrive during start-up
+    /// must not see an empty coordinator and conclude a group has no offsets).
+    pub async fn ready(&self) {
+        if self.loaded.get() {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.load_waiters.borrow_mut().push(tx);
+        let _ = rx.await;
+    }
+
+    /// Loads every group this shard owns from `<data_dir>/__groups/`: opens its offset log
+    /// (recovering it) and replays the offsets. Groups come back Empty; members rejoin.
+    pub async fn load(&self) {
+        let started = Instant::now();
+        let mut loaded = 0usize;
+        if let Ok(entries) = std::fs::read_dir(&self.root) {
+            let mut dirs: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| e.path())
+                .collect();
+            dirs.sort();
+            for dir in dirs {
+                let Ok(raw) = std::fs::read(dir.join(GROUP_ID_FILE)) else {
+                    // Created but never committed to (crash between mkdir and the id file).
+                    if self.shard_id == 0 {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                    continue;
+                };
+                let Ok(group_id) = String::from_utf8(raw) else {
+                    continue;
+                };
+                if !self.owns(&group_id) {
+                    continue;
+                }
+                let name = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if name.contains(".deleted") {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    continue;
+                }
+                match OffsetLog::open(dir.clone(), self.config.offsets_segment_bytes).await {
+                    Ok((log, table)) => {
+                        let kind = GroupKind::Classic(ClassicGroup::new(
+                            &group_id,
+                            self.config.initial_rebalance_delay_ms,
+                        ));
+                        let group = Rc::new(Group::new(&group_id, kind, table, Some(log)));
+                        self.groups.borrow_mut().insert(group_id, group);
+                        loaded += 1;
+                    }
+                    Err(e) => {
+                        tracing::error!(group = %group_id, dir = %dir.display(), error = %e, "cannot load the group's offsets; its OffsetFetch answers will be empty until this is fixed");
+                    }
+                }
+            }
+        }
+        if loaded > 0 {
+            tracing::info!(
+                shard = self.shard_id,
+                groups = loaded,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "loaded consumer groups"
+            );
+        }
+        self.loaded.set(true);
+        for w in self.load_waiters.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    pub fn get(&self, group_id: &str) -> Option<Rc<Group>> {
+        self.groups.borrow().get(group_id).cloned()
+    }
+
+    /// The group, created empty (classic) when it does not exist.
+    pub fn get_or_create(&self, group_id: &str) -> Rc<Group> {
+        self.groups
+            .borrow_mut()
+            .entry(group_id.to_string())
+            .or_insert_with(|| {
+                Rc::new(Group::new(
+                    group_id,
+                    GroupKind::Classic(ClassicGroup::new(
+                        group_id,
+                        self.config.initial_rebalance_delay_ms,
+                    )),
+                    OffsetTable::new(),
+                    None,
+                ))
+            })
+            .clone()
+    }
+
+    /// Every group on this shard.
+    pub fn list(&self) -> Vec<ListedGroup> {
+        let mut out: Vec<ListedGroup> = self
+            .groups
+            .borrow()
+            .values()
+            .map(|g| {
+                let k = g.kind.borrow();
+                ListedGroup {
+                    group_id: g.id.clone(),
+                    protocol_type: k.protocol_type(),
+                    state: k.state_name(),
+                    group_type: k.type_name(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.group_id.cmp(&b.group_id));
+        out
+    }
+
+    /// Opens (creating on disk if needed) the group's offset log.
+    async fn log_of(&self, group: &Rc<Group>) -> Result<Rc<OffsetLog>, GroupError> {
+        if let Some(l) = group.log.borrow().as_ref() {
+            return Ok(l.clone());
+        }
+        let _permit = group
+            .log_open
+            .acquire_permit(1)
+            .await
+            .map_err(|_| GroupError::CoordinatorNotAvailable("group closed".into()))?;
+        if let Some(l) = group.log.borrow().as_ref() {
+            return Ok(l.clone());
+        }
+        let dir = self.root.join(offsets::group_dir_name(&group.id));
+        let storage = |e: String| GroupError::Storage(e);
+        let root_existed = self.root.exists();
+        std::fs::create_dir_all(&dir).map_err(|e| storage(format!("{}: {e}", dir.display())))?;
+        // The id file is written tmp + fsync + rename + directory fsync; then the new
+        // directory's own entry is made durable in its parent (and the parent's in the data
+        // directory the first time), so a crash cannot lose a group that acknowledged a commit.
+        kaas_storage::write_atomically(&dir.join(GROUP_ID_FILE), group.id.as_bytes())
+            .map_err(|e| storage(e.to_string()))?;
+        offsets::sync_dir(&self.root).map_err(|e| storage(e.to_string()))?;
+        if !root_existed {
+            offsets::sync_dir(&self.data_dir).map_err(|e| storage(e.to_string()))?;
+        }
+        let (log, table) = OffsetLog::open(dir, self.config.offsets_segment_bytes)
+            .await
+            .map_err(|e| storage(e.to_string()))?;
+        if !table.is_empty() {
+            // A directory left by an earlier incarnation that was not cleaned up.
+            let mut t = group.offsets.borrow_mut();
+            for (topic, parts) in table {
+                let entry = t.entry(topic).or_default();
+                for (p, v) in parts {
+                    entry.entry(p).or_insert(v);
+                }
+            }
+        }
+        *group.log.borrow_mut() = Some(log.clone());
+        Ok(log)
+    }
+
+    /// Makes `records` durable and applies them to the group's offset table. Returns once an
+    /// fsync covering them completed: only then may the OffsetCommit be acknowledged.
+    pub async fn write_offsets(
+        &self,
+        group: &Rc<Group>,
+        records: Vec<OffsetRecord>,
+    ) -> Result<(), GroupError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        if group.deleted.get() {
+            return Err(GroupError::CoordinatorNotAvailable(
+                "the group was deleted".into(),
+            ));
+        }
+        let log = self.log_of(group).await?;
+        let apply_to = group.clone();
+        let applied = records.clone();
+        log.append(&records, move || {
+            let mut t = apply_to.offsets.borrow_mut();
+            for r in applied {
+                r.apply(&mut t);
+            }
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(group = %group.id, error = %e, "offset commit not durable");
+            GroupError::Storage(e.to_string())
+        })?;
+        if log.wants_snapshot() {
+            let group = group.clone();
+            glommio::spawn_local(async move {
+                let live = {
+                    let g = group.clone();
+                    move || {
+                        g.offsets
+                            .borrow()
+                            .iter()
+                            .flat_map(|(t, ps)| {
+                                ps.iter().map(move |(p, v)| OffsetRecord::Commit {
+                                    topic: t.clone(),
+                                    partition: *p,
+                                    value: v.clone(),
+                                })
+                            })
+                            .collect()
+                    }
+                };
+                log.snapshot(live).await;
+            })
+            .detach();
+        }
+        Ok(())
+    }
+
+    /// DeleteGroups: only an empty group can go; its offsets are removed from disk.
+    pub async fn delete_group(&self, group_id: &str) -> Result<(), GroupError> {
+        let Some(group) = self.get(group_id) else {
+            return Err(GroupError::GroupIdNotFound(format!(
+                "Group {group_id} does not exist."
+            )));
+        };
+        if !group.kind.borrow().is_empty() {
+            return Err(GroupError::NonEmptyGroup);
+        }
+        self.groups.borrow_mut().remove(group_id);
+        group.deleted.set(true);
+        group.offsets.borrow_mut().clear();
+        let log = group.log.borrow_mut().take();
+        if let Some(log) = log {
+            let _ = log.close().await;
+            // Rename first (atomic), then remove: a crash in between leaves a `.deleted`
+            // directory that the next load finishes removing, never a half-deleted group that
+            // comes back with some of its offsets.
+            let dir = log.dir().to_path_buf();
+            let gone = dir.with_file_name(format!(
+                "{}.deleted-{}",
+                dir.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                uuid::Uuid::new_v4().simple()
+            ));
+            std::fs::rename(&dir, &gone)
+                .and_then(|_| offsets::sync_dir(&self.root).map_err(std::io::Error::other))
+                .map_err(|e| GroupError::Storage(format!("{}: {e}", dir.display())))?;
+            let _ = std::fs::remove_dir_all(&gone);
+        }
+        Ok(())
+    }
+
+    /// Timeouts of every group; groups with no members, no offsets and no log are dropped.
+    pub fn tick(&self, now: Instant) {
+        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        let mut dead = Vec::new();
+        for g in groups {
+            let mut kind = g.kind.borrow_mut();
+            match &mut *kind {
+                GroupKind::Classic(c) => {
+                    c.tick(now);
+                }
+                GroupKind::Consumer(c) => {
+                    c.tick(now);
+                }
+            }
+            // Two references: the map's and this loop's. Any other means a request is working
+            // on the group (e.g. creating its log), so it must stay.
+            if kind.is_empty()
+                && g.offsets.borrow().is_empty()
+                && g.log.borrow().is_none()
+                && Rc::strong_count(&g) == 2
+            {
+                dead.push(g.id.clone());
+            }
+        }
+        if !dead.is_empty() {
+            let mut map = self.groups.borrow_mut();
+            for id in dead {
+                map.remove(&id);
+            }
+        }
+    }
+
+    /// Clean shutdown: every offset log is fsynced and closed.
+    pub async fn close_all(&self) {
+        let groups: Vec<Rc<Group>> = self.groups.borrow_mut().drain().map(|(_, g)| g).collect();
+        for g in groups {
+            let log = g.log.borrow_mut().take();
+            if let Some(log) = log {
+                if let Err(e) = log.close().await {
+                    tracing::error!(group = %g.id, error = %e, "closing the offset log failed; it will be recovered on next start");
+                }
+            }
+        }
+    }
+
+    /// Runs the named server assignor (`None` for an unknown name).
+    pub fn run_assignor(
+        &self,
+        name: &str,
+        members: &[MemberSpec],
+        topics: &BTreeMap<String, TopicSpec>,
+    ) -> Option<GroupAssignment> {
+        assignor::by_name(name, self.config.rack_aware_weights).map(|a| a.assign(members, topics))
+    }
+
+    pub fn known_assignor(&self, name: &str) -> bool {
+        assignor::by_name(name, self.config.rack_aware_weights).is_some()
+    }
+}

@@ -1,0 +1,534 @@
+//! Committed offsets, durable in a per-group log.
+//!
+//! Each group that commits gets its own [`PartitionLog`] under
+//! `<data_dir>/__groups/<hex of group id>/` (the directory also holds `group.id`, the raw id).
+//! A commit is one uncompressed record batch whose records are commits (key: topic and
+//! partition; value: offset, leader epoch, metadata, commit time) or deletions (a null value).
+//! This reuses the tested log engine: an OffsetCommit is acknowledged only after `wait_durable`
+//! returns, and one fdatasync serves every commit that arrived before it (group commit), so
+//! thousands of commits per second cost a handful of fsyncs. On load the log is replayed in
+//! order; the last record for a partition wins.
+//!
+//! The log is kept small by snapshots: once it has grown by several segments since the last
+//! snapshot, every live offset is appended again as one snapshot, and when that is durable the
+//! log start moves to the snapshot (`delete_records_before`), dropping whole old segments. A
+//! commit and its application to the in-memory table happen under one lock, so a snapshot
+//! always includes every commit written before it and nothing acknowledged is ever dropped.
+//!
+//! A coordinator that moves between brokers (cluster mode) loads the same directory from the
+//! shared data volume.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::sync::Semaphore;
+use kaas_storage::{LeaderEpoch, LogConfig, PartitionLog, StorageError};
+use kaas_wire::batch::{self, BatchSpec, RecordKv, BATCH_HEADER_LEN};
+
+/// One committed offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedOffset {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: String,
+    pub commit_timestamp_ms: i64,
+}
+
+/// topic -> partition -> committed offset, ordered so OffsetFetch answers are stable.
+pub type OffsetTable = BTreeMap<String, BTreeMap<i32, CommittedOffset>>;
+
+/// One record of a group's offset log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OffsetRecord {
+    Commit {
+        topic: String,
+        partition: i32,
+        value: CommittedOffset,
+    },
+    Delete {
+        topic: String,
+        partition: i32,
+    },
+}
+
+impl OffsetRecord {
+    /// Applies this record to an in-memory table.
+    pub fn apply(self, table: &mut OffsetTable) {
+        match self {
+            OffsetRecord::Commit {
+                topic,
+                partition,
+                value,
+            } => {
+                table.entry(topic).or_default().insert(partition, value);
+            }
+            OffsetRecord::Delete { topic, partition } => {
+                if let Some(t) = table.get_mut(&topic) {
+                    t.remove(&partition);
+                    if t.is_empty() {
+                        table.remove(&topic);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Record key kind: an offset commit (key = topic, partition).
+const KEY_OFFSET: u8 = 1;
+/// Value format version.
+const VALUE_V1: u8 = 1;
+
+fn encode_key(topic: &str, partition: i32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(7 + topic.len());
+    k.push(KEY_OFFSET);
+    k.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+    k.extend_from_slice(topic.as_bytes());
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+fn encode_value(v: &CommittedOffset) -> Vec<u8> {
+    let mut out = Vec::with_capacity(25 + v.metadata.len());
+    out.push(VALUE_V1);
+    out.extend_from_slice(&v.offset.to_be_bytes());
+    out.extend_from_slice(&v.leader_epoch.to_be_bytes());
+    out.extend_from_slice(&v.commit_timestamp_ms.to_be_bytes());
+    out.extend_from_slice(&(v.metadata.len() as u32).to_be_bytes());
+    out.extend_from_slice(v.metadata.as_bytes());
+    out
+}
+
+/// A bounds-checked cursor over bytes we wrote ourselves (still checked: disks lie).
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n)?;
+        let s = self.b.get(self.at..end)?;
+        self.at = end;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|s| s[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|s| u16::from_be_bytes([s[0], s[1]]))
+    }
+    fn i32(&mut self) -> Option<i32> {
+        self.take(4)
+            .map(|s| i32::from_be_bytes(s.try_into().expect("4 bytes")))
+    }
+    fn i64(&mut self) -> Option<i64> {
+        self.take(8)
+            .map(|s| i64::from_be_bytes(s.try_into().expect("8 bytes")))
+    }
+    /// A zig-zag varint (Kafka's record encoding), at most 10 bytes.
+    fn varint(&mut self) -> Option<i64> {
+        let mut z: u64 = 0;
+        for i in 0..10 {
+            let b = self.u8()?;
+            z |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                return Some(((z >> 1) as i64) ^ -((z & 1) as i64));
+            }
+        }
+        None
+    }
+    /// A varint-length-prefixed byte string; -1 is null.
+    fn bytes(&mut self) -> Option<Option<&'a [u8]>> {
+        let len = self.varint()?;
+        if len < 0 {
+            return Some(None);
+        }
+        self.take(usize::try_from(len).ok()?).map(Some)
+    }
+}
+
+/// Decodes one record's key and value.
+pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Option<OffsetRecord> {
+    let mut k = Cursor { b: key, at: 0 };
+    if k.u8()? != KEY_OFFSET {
+        return None;
+    }
+    let tlen = k.u16()? as usize;
+    let topic = std::str::from_utf8(k.take(tlen)?).ok()?.to_string();
+    let partition = k.i32()?;
+    let Some(value) = value else {
+        return Some(OffsetRecord::Delete { topic, partition });
+    };
+    let mut v = Cursor { b: value, at: 0 };
+    if v.u8()? != VALUE_V1 {
+        return None;
+    }
+    let offset = v.i64()?;
+    let leader_epoch = v.i32()?;
+    let commit_timestamp_ms = v.i64()?;
+    let mlen = u32::from_be_bytes(v.take(4)?.try_into().ok()?) as usize;
+    let metadata = std::str::from_utf8(v.take(mlen)?).ok()?.to_string();
+    Some(OffsetRecord::Commit {
+        topic,
+        partition,
+        value: CommittedOffset {
+            offset,
+            leader_epoch,
+            metadata,
+            commit_timestamp_ms,
+        },
+    })
+}
+
+/// The (key, value) records of one uncompressed batch (the only kind this module writes).
+/// `None` when the batch is compressed or a record does not parse.
+pub fn batch_records(bytes: &[u8]) -> Option<Vec<RecordKv<'_>>> {
+    let h = batch::peek_header(bytes).ok()?;
+    if h.compression() != 0 {
+        return None;
+    }
+    let body = bytes.get(BATCH_HEADER_LEN..h.total_len())?;
+    let mut c = Cursor { b: body, at: 0 };
+    let mut out = Vec::with_capacity(h.record_count.clamp(0, 10_000) as usize);
+    for _ in 0..h.record_count {
+        let len = usize::try_from(c.varint()?).ok()?;
+        let rec = c.take(len)?;
+        let mut r = Cursor { b: rec, at: 0 };
+        r.u8()?; // attributes
+        r.varint()?; // timestamp delta
+        r.varint()?; // offset delta
+        let key = r.bytes()?;
+        let value = r.bytes()?;
+        out.push((key, value));
+    }
+    Some(out)
+}
+
+/// Encodes records as one or more batches (at most `BATCH_RECORDS` each) ready to append.
+fn build_batches(records: &[OffsetRecord], now_ms: i64) -> Vec<u8> {
+    const BATCH_RECORDS: usize = 4096;
+    let mut out = Vec::new();
+    for chunk in records.chunks(BATCH_RECORDS) {
+        let encoded: Vec<(Vec<u8>, Option<Vec<u8>>)> = chunk
+            .iter()
+            .map(|r| match r {
+                OffsetRecord::Commit {
+                    topic,
+                    partition,
+                    value,
+                } => (encode_key(topic, *partition), Some(encode_value(value))),
+                OffsetRecord::Delete { topic, partition } => (encode_key(topic, *partition), None),
+            })
+            .collect();
+        let kvs: Vec<RecordKv<'_>> = encoded
+            .iter()
+            .map(|(k, v)| (Some(k.as_slice()), v.as_deref()))
+            .collect();
+        out.extend_from_slice(&batch::build_batch(
+            BatchSpec {
+                timestamp: now_ms,
+                ..BatchSpec::default()
+            },
+            &kvs,
+        ));
+    }
+    out
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The file in a group directory holding the raw group id.
+pub const GROUP_ID_FILE: &str = "group.id";
+
+/// The directory name of a group: the hex of its id, or for ids too long for a file name a hex
+/// prefix plus a hash (the raw id is in `group.id` either way).
+pub fn group_dir_name(group_id: &str) -> String {
+    const MAX_HEX: usize = 200;
+    let hex: String = group_id.bytes().map(|b| format!("{b:02x}")).collect();
+    if hex.len() <= MAX_HEX {
+        return hex;
+    }
+    format!(
+        "{}-{:08x}{:08x}",
+        &hex[..MAX_HEX - 40],
+        super::fnv1a32(group_id.as_bytes()),
+        super::fnv1a32(
+            group_id
+                .as_bytes()
+                .iter()
+                .rev()
+                .copied()
+                .collect::<Vec<_>>()
+                .as_slice()
+        )
+    )
+}
+
+/// A group's open offset log.
+pub struct OffsetLog {
+    dir: PathBuf,
+    log: Rc<PartitionLog>,
+    /// Serialises "append, then apply to the table" so that a snapshot, taken under the same
+    /// lock, sees every commit that was written before it.
+    lock: Semaphore,
+    bytes_since_snapshot: Cell<u64>,
+    snapshotting: Cell<bool>,
+    segment_bytes: u64,
+}
+
+/// How many segments' worth of commits may pile up before the log is rewritten as a snapshot.
+const SNAPSHOT_AFTER_SEGMENTS: u64 = 4;
+
+impl OffsetLog {
+    /// Opens (creating if needed) the offset log in `dir` and replays it into a table.
+    pub async fn open(
+        dir: PathBuf,
+        segment_bytes: u64,
+    ) -> Result<(Rc<OffsetLog>, OffsetTable), StorageError> {
+        let log = PartitionLog::open(
+            dir.clone(),
+            // Rolled by size only, never aged out: retention would drop committed offsets.
+            LogConfig {
+                segment_bytes,
+                segment_ms: u64::MAX / 4,
+                retention_ms: -1,
+                retention_bytes: -1,
+                delete_enabled: false,
+                ..LogConfig::default()
+            },
+            LeaderEpoch(0),
+        )
+        .await?;
+        let mut table = OffsetTable::new();
+        let mut offset = log.log_start_offset();
+        let end = log.log_end_offset();
+        let mut skipped = 0usize;
+        while offset < end {
+            let read = log.read(offset, 4 << 20).await?;
+            if read.records.is_empty() {
+                break;
+            }
+            let mut at = 0usize;
+            let bytes = &read.records[..];
+            while at < bytes.len() {
+                let h = batch::verify_batch(&bytes[at..]).map_err(|e| StorageError::Corrupt {
+                    path: dir.clone(),
+                    position: at as u64,
+                    detail: e.to_string(),
+                })?;
+                let b = &bytes[at..at + h.total_len()];
+                match batch_records(b) {
+                    Some(recs) => {
+                        for (k, v) in recs {
+                            match k.and_then(|k| decode_record(k, v)) {
+                                Some(r) => r.apply(&mut table),
+                                None => skipped += 1,
+                            }
+                        }
+                    }
+                    None => skipped += 1,
+                }
+                offset = h.last_offset() + 1;
+                at += h.total_len();
+            }
+        }
+        if skipped > 0 {
+            tracing::warn!(dir = %dir.display(), skipped, "offset log held records this version cannot read; they were skipped");
+        }
+        let size = log.size_bytes();
+        let me = Rc::new(OffsetLog {
+            dir,
+            log,
+            lock: Semaphore::new(1),
+            bytes_since_snapshot: Cell::new(size),
+            snapshotting: Cell::new(false),
+            segment_bytes,
+        });
+        Ok((me, table))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends `records`, runs `apply` (which must update the in-memory table) before any later
+    /// append can start, and returns once the records are durable.
+    pub async fn append(
+        &self,
+        records: &[OffsetRecord],
+        apply: impl FnOnce(),
+    ) -> Result<(), StorageError> {
+        let bytes = build_batches(records, now_ms());
+        let end = {
+            let _permit = self
+                .lock
+                .acquire_permit(1)
+                .await
+                .map_err(|_| StorageError::Closed)?;
+            let end = self.append_locked(&bytes).await?;
+            apply();
+            end
+        };
+        self.bytes_since_snapshot
+            .set(self.bytes_since_snapshot.get() + bytes.len() as u64);
+        self.log.wait_durable(end).await
+    }
+
+    async fn append_locked(&self, bytes: &[u8]) -> Result<i64, StorageError> {
+        let mut headers = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let h = batch::peek_header(&bytes[at..]).map_err(|e| StorageError::Corrupt {
+                path: self.dir.clone(),
+                position: at as u64,
+                detail: e.to_string(),
+            })?;
+            at += h.total_len();
+            headers.push(h);
+        }
+        let outcome = self
+            .log
+            .append(bytes, &headers, self.log.leader_epoch())
+            .await?;
+        Ok(outcome.end_offset())
+    }
+
+    /// Whether enough has been written since the last snapshot to rewrite the log.
+    pub fn wants_snapshot(&self) -> bool {
+        !self.snapshotting.get()
+            && self.bytes_since_snapshot.get() > SNAPSHOT_AFTER_SEGMENTS * self.segment_bytes
+    }
+
+    /// Appends every live offset (`live` is called under the append lock, so it sees every
+    /// commit written so far) and, once that is durable, drops everything before it.
+    pub async fn snapshot(&self, live: impl FnOnce() -> Vec<OffsetRecord>) {
+        if self.snapshotting.replace(true) {
+            return;
+        }
+        let result = async {
+            let (start, end, written) = {
+                let _permit = self
+                    .lock
+                    .acquire_permit(1)
+                    .await
+                    .map_err(|_| StorageError::Closed)?;
+                let records = live();
+                let start = self.log.log_end_offset();
+                if records.is_empty() {
+                    (start, start, 0)
+                } else {
+                    let bytes = build_batches(&records, now_ms());
+                    let end = self.append_locked(&bytes).await?;
+                    (start, end, bytes.len() as u64)
+                }
+            };
+            self.log.wait_durable(end).await?;
+            self.log.delete_records_before(start).await?;
+            self.bytes_since_snapshot.set(written);
+            Ok::<_, StorageError>(())
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "offset log snapshot failed; the log keeps its history and will try again");
+        }
+        self.snapshotting.set(false);
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.log.size_bytes()
+    }
+
+    pub async fn close(&self) -> Result<(), StorageError> {
+        self.log.close().await
+    }
+}
+
+/// Writes `path`'s directory entry durably (after creating a file or directory in it).
+pub fn sync_dir(path: &Path) -> Result<(), StorageError> {
+    let d = std::fs::File::open(path).map_err(|e| StorageError::Io {
+        op: "opening directory",
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    d.sync_all().map_err(|e| StorageError::Io {
+        op: "fsyncing directory",
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(topic: &str, partition: i32, offset: i64, metadata: &str) -> OffsetRecord {
+        OffsetRecord::Commit {
+            topic: topic.into(),
+            partition,
+            value: CommittedOffset {
+                offset,
+                leader_epoch: 3,
+                metadata: metadata.into(),
+                commit_timestamp_ms: 42,
+            },
+        }
+    }
+
+    // Records survive encoding into batches and decoding back, tombstones included.
+    #[test]
+    fn records_round_trip() {
+        let recs = vec![
+            commit("orders", 0, 10, ""),
+            commit("ørders-ü", 7, i64::MAX, "some metadata"),
+            OffsetRecord::Delete {
+                topic: "orders".into(),
+                partition: 0,
+            },
+        ];
+        let bytes = build_batches(&recs, 1);
+        let h = batch::verify_batch(&bytes).unwrap();
+        assert_eq!(h.total_len(), bytes.len());
+        let decoded: Vec<OffsetRecord> = batch_records(&bytes)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| decode_record(k.unwrap(), v).unwrap())
+            .collect();
+        assert_eq!(decoded, recs);
+        let mut table = OffsetTable::new();
+        for r in decoded {
+            r.apply(&mut table);
+        }
+        assert_eq!(table.len(), 1);
+        assert_eq!(table["ørders-ü"][&7].offset, i64::MAX);
+    }
+
+    // Truncated or garbage records are refused, never a panic.
+    #[test]
+    fn garbage_is_refused() {
+        let bytes = build_batches(&[commit("t", 1, 5, "m")], 1);
+        for cut in 0..bytes.len() {
+            let _ = batch_records(&bytes[..cut]);
+        }
+        assert!(decode_record(&[1, 0, 9, b'a'], None).is_none());
+        assert!(decode_record(&[], None).is_none());
+        assert!(decode_record(&encode_key("t", 1), Some(&[1, 2, 3])).is_none());
+    }
+
+    // Directory names are file-name safe and distinct for long ids.
+    #[test]
+    fn dir_names() {
+        assert_eq!(group_dir_name("ab"), "6162");
+        let a = group_dir_name(&"x".repeat(300));
+        let b = group_dir_name(&format!("{}y", "x".repeat(299)));
+        assert!(a.len() < 255 && b.len() < 255);
+        assert_ne!(a, b);
+    }
+}
