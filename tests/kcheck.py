@@ -172,6 +172,24 @@ def rdkafka_consumer(bootstrap: str, **extra):
     return Consumer(conf)
 
 
+def watermarks(consumer, tp, timeout: float = 20):
+    """(low, high) watermarks; retriable errors (e.g. NOT_LEADER right after a restart, while
+    leadership settles) are retried for up to `timeout` seconds, as clients do."""
+    from confluent_kafka import KafkaError, KafkaException
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=10)
+        except KafkaException as e:
+            err = e.args[0]
+            transient = err.retriable() or err.code() in (
+                KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def rdkafka_read_all(bootstrap: str, topic: str, partitions: int, timeout: float = 180,
                      record_fn=None, **extra):
     """Read every record of `topic` from the beginning with assign(); returns
@@ -182,7 +200,7 @@ def rdkafka_read_all(bootstrap: str, topic: str, partitions: int, timeout: float
     try:
         ends = {}
         for p in range(partitions):
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            lo, hi = watermarks(c, TopicPartition(topic, p))
             assert lo == 0, f"partition {p}: log start offset {lo}, expected 0"
             ends[p] = hi
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])

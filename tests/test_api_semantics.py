@@ -14,7 +14,8 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, Producer, TopicCollec
 from confluent_kafka.admin import ConfigResource, NewTopic, OffsetSpec
 
 import kwire
-from kcheck import admin, create_topic, rdkafka_consumer, rdkafka_read_all, unique_topic
+from kcheck import (admin, create_topic, rdkafka_consumer, rdkafka_read_all, unique_topic,
+                    watermarks)
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 
@@ -119,13 +120,13 @@ def test_delete_records(broker):
     a = admin(broker.bootstrap)
     c = rdkafka_consumer(broker.bootstrap)
     try:
-        hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        hi = watermarks(c, TopicPartition(topic, 0))[1]
         assert hi > 20
         res = a.delete_records([TopicPartition(topic, 0, 20)], request_timeout=10)
         [(tp, fut)] = list(res.items())
         out = fut.result(15)
         assert out.low_watermark == 20, out
-        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (20, hi)
+        assert watermarks(c, TopicPartition(topic, 0)) == (20, hi)
     finally:
         c.close()
     c = rdkafka_consumer(broker.bootstrap, **{"auto.offset.reset": "earliest"})
@@ -279,6 +280,6 @@ def test_metadata_survives_restart(broker):
     dtopic, hi = state["delrec"]
     c = rdkafka_consumer(broker.bootstrap)
     try:
-        assert c.get_watermark_offsets(TopicPartition(dtopic, 0), timeout=10) == (20, hi)
+        assert watermarks(c, TopicPartition(dtopic, 0)) == (20, hi)
     finally:
         c.close()
