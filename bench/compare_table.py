@@ -112,7 +112,8 @@ def fmt(v, kind):
 def ratio(k, f):
     if k is None or f is None or f == 0:
         return "n/a"
-    return f"{k / f:.2f}×"
+    r = k / f
+    return f"{r:.3f}×" if r < 0.1 else f"{r:.2f}×"
 
 
 def main():
