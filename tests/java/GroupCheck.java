@@ -38,8 +38,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *       (group.protocol=PROTOCOL, classic or consumer; manual commitSync after every
  *       non-empty poll), waits until their assignments are disjoint and cover every
  *       partition ("STABLE1 ms"), closes consumer 0 (it leaves the group) and waits until
- *       the rest cover every partition again ("STABLE2 ms": time from the close returning
- *       to a covering, disjoint assignment), produces the other half, waits until every
+ *       the rest cover every partition again ("STABLE2 ms": time from the start of the
+ *       close to a covering, disjoint assignment), produces the other half, waits until every
  *       value was consumed ("CONSUMED distinct dups"), stops the consumers and prints the
  *       group's committed offsets next to the end offsets ("COMMITTED partition off end").
  *   commitbench BOOTSTRAP TOPIC GROUP SECONDS MODE
@@ -192,11 +192,11 @@ public class GroupCheck {
         System.out.printf("STABLE1 %d %s%n", (System.nanoTime() - t0) / 1_000_000, describe(members));
 
         Member leaving = members.get(0);
+        long t1 = System.nanoTime();
         leaving.stop.set(true);
         leaving.thread.join(60_000);
         if (leaving.failure.get() != null) throw new IllegalStateException("close failed", leaving.failure.get());
         List<Member> rest = members.subList(1, members.size());
-        long t1 = System.nanoTime();
         deadline = System.currentTimeMillis() + WAIT_MS;
         while (!covers(rest, partitions)) {
             check(rest);

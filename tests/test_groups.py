@@ -1,0 +1,714 @@
+"""Consumer groups against real clients: the classic protocol (kafka-python, librdkafka, the
+Java client) and KIP-848 (librdkafka and the Java client with group.protocol=consumer),
+committed offsets across a clean restart and a SIGKILL, the stock kafka-consumer-groups tool,
+static membership, regex subscriptions, and the coordinator APIs on the wire.
+
+The module's broker runs with short KIP-848 timeouts (session 6 s, heartbeat 500 ms) so that
+"a member dies" and "the rest take over" fit in seconds; classic clients ask for a 6 s
+session themselves. Long runs (bigger groups, the rebalance and commit benchmarks) are behind
+KAAS_LONG_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+import kwire
+from conftest import make_broker
+from kcheck import create_topic, rdkafka_produce, unique_topic
+
+LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
+PARTITIONS = 6
+
+# Broker settings for this module (read by the broker at start; see shard/src/groups/config.rs).
+GROUP_ENV = {
+    "KAAS_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+    "KAAS_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
+}
+
+CONSUMER_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """This module's broker: fresh, with the short KIP-848 timeouts of GROUP_ENV."""
+    saved = {k: os.environ.get(k) for k in GROUP_ENV}
+    os.environ.update(GROUP_ENV)
+    try:
+        b = make_broker(tmp_path_factory.mktemp("broker"))
+        try:
+            yield b
+        finally:
+            b.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def values(tag: str, n: int, start: int = 0):
+    return [(None, b"%s:%09d" % (tag.encode(), i)) for i in range(start, start + n)]
+
+
+def wait_until(pred, timeout: float, what: str, step=None, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        if step is not None:
+            step()
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if step is None:
+            time.sleep(interval)
+
+
+def covers(assignments, partitions: int) -> bool:
+    """Assignments are pairwise disjoint and together cover every partition."""
+    total = sum(len(a) for a in assignments)
+    union = set().union(*assignments) if assignments else set()
+    return total == partitions and union == set(range(partitions))
+
+
+# -- librdkafka helpers -------------------------------------------------------------------------
+
+
+def rd_consumer(bootstrap: str, group: str, protocol: str, **extra):
+    from confluent_kafka import Consumer
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.protocol": protocol,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
+    if protocol == "classic":
+        conf.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    conf.update(extra)
+    return Consumer(conf)
+
+
+class RdGroup:
+    """Several librdkafka consumers in one group, polled round-robin from this thread; every
+    message read is committed synchronously before the next poll of that consumer."""
+
+    def __init__(self, consumers, topic):
+        self.consumers = list(consumers)
+        self.topic = topic
+        self.seen: dict[bytes, int] = {}
+        self.errors: list = []
+
+    def subscribe(self):
+        for c in self.consumers:
+            c.subscribe([self.topic])
+
+    def step(self):
+        for c in self.consumers:
+            msgs = c.consume(num_messages=500, timeout=0.02)
+            for m in msgs:
+                if m.error() is not None:
+                    self.errors.append(m.error())
+                    continue
+                self.seen[m.value()] = self.seen.get(m.value(), 0) + 1
+            if any(m.error() is None for m in msgs):
+                c.commit(asynchronous=False)
+
+    def assignments(self):
+        return [{tp.partition for tp in c.assignment()} for c in self.consumers]
+
+    def close(self):
+        for c in self.consumers:
+            c.close()
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int):
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=20)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        c.close()
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int):
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kaas-test-ends"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=20)[1]
+                for p in range(partitions)}
+    finally:
+        c.close()
+
+
+# A member in its own process, so that it can die without leaving the group.
+CHILD_CONSUMER = r"""
+import sys, time
+from confluent_kafka import Consumer
+bootstrap, group, topic, protocol = sys.argv[1:5]
+conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": protocol,
+        "auto.offset.reset": "earliest", "enable.auto.commit": False}
+if protocol == "classic":
+    conf.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+c = Consumer(conf)
+c.subscribe([topic])
+last = None
+while True:
+    c.poll(0.05)
+    a = sorted(tp.partition for tp in c.assignment())
+    if a != last:
+        print("ASSIGNED", ",".join(map(str, a)), flush=True)
+        last = a
+"""
+
+
+class ChildConsumer:
+    def __init__(self, bootstrap, group, topic, protocol):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD_CONSUMER, bootstrap, group, topic, protocol],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            text=True)
+        self.assignment: set[int] = set()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("ASSIGNED"):
+                parts = line.split()[1:]
+                self.assignment = {int(x) for x in parts[0].split(",")} if parts else set()
+
+    def kill(self):
+        """SIGKILL: the member vanishes without a LeaveGroup."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.assignment = set()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.kill()
+
+
+# -- the wire ------------------------------------------------------------------------------------
+
+
+def test_group_apis_advertised(broker):
+    """ApiVersions advertises every group API at the versions the Java client 4.x, librdkafka
+    and kafka-python use."""
+    ranges = kwire.api_versions(broker)
+    want = {10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 9),
+            16: (0, 5), 15: (0, 6), 42: (0, 2), 47: (0, 0), 68: (0, 1), 69: (0, 1)}
+    if broker.kind != "kaas":
+        want = {k: v for k, v in want.items() if k in ranges}
+    for key, (lo, hi) in want.items():
+        assert key in ranges, f"API {key} not advertised"
+        assert ranges[key][0] <= lo and ranges[key][1] >= hi, f"API {key}: {ranges[key]}"
+
+
+def find_coordinator_v4(broker, keys, key_type):
+    body = struct.pack(">b", key_type) + kwire.uvarint(len(keys) + 1)
+    for k in keys:
+        body += kwire.compact_string(k)
+    body += kwire.uvarint(0)
+    s = kwire.connect(broker)
+    try:
+        s.sendall(kwire.request(10, 4, 7, body, flexible=True))
+        f = kwire.recv_frame(s)
+    finally:
+        s.close()
+    (corr,) = struct.unpack_from(">i", f, 0)
+    assert corr == 7
+    pos = 4
+    _, pos = kwire.read_uvarint(f, pos)  # response header tagged fields
+    pos += 4  # throttle
+    n, pos = kwire.read_uvarint(f, pos)
+    out = []
+    for _ in range(n - 1):
+        ln, pos = kwire.read_uvarint(f, pos)
+        key = f[pos:pos + ln - 1].decode()
+        pos += ln - 1
+        node, = struct.unpack_from(">i", f, pos)
+        pos += 4
+        ln, pos = kwire.read_uvarint(f, pos)
+        host = f[pos:pos + ln - 1].decode()
+        pos += ln - 1
+        port, err = struct.unpack_from(">ih", f, pos)
+        pos += 6
+        ln, pos = kwire.read_uvarint(f, pos)
+        pos += max(ln - 1, 0)
+        _, pos = kwire.read_uvarint(f, pos)
+        out.append((key, node, host, port, err))
+    return out
+
+
+def test_find_coordinator_batched(broker):
+    """FindCoordinator v4 answers every key of a batch (groups and transactional ids) with this
+    broker, and refuses an unknown key type per key."""
+    host, port = broker.host, broker.port
+    got = find_coordinator_v4(broker, ["g-a", "g-b", ""], 0)
+    assert [g[0] for g in got] == ["g-a", "g-b", ""]
+    assert all(g[4] == 0 and g[2] == host and g[3] == port for g in got), got
+    got = find_coordinator_v4(broker, ["txn-1"], 1)
+    assert got[0][4] == 0 and got[0][3] == port
+    got = find_coordinator_v4(broker, ["x"], 9)
+    assert got[0][4] == 42, got  # INVALID_REQUEST
+
+
+# -- classic protocol ------------------------------------------------------------------------------
+
+
+def test_kafka_python_classic_group(broker):
+    """Three kafka-python consumers split six partitions disjointly; when one closes, the other
+    two take over all six; with a commit after every poll every message is consumed and the
+    group's committed offsets reach the end offsets."""
+    from kafka import KafkaConsumer
+    topic = unique_topic("kpg")
+    group = unique_topic("kpg-group")
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    rdkafka_produce(broker.bootstrap, topic, values("kp", 600))
+    seen: dict[bytes, int] = {}
+    lock = threading.Lock()
+    stop = [threading.Event() for _ in range(3)]
+    assignments: list[set[int]] = [set(), set(), set()]
+    failures: list[BaseException] = []
+
+    def run(i):
+        try:
+            c = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group,
+                              client_id=f"kp-{i}", auto_offset_reset="earliest",
+                              enable_auto_commit=False, session_timeout_ms=6000,
+                              heartbeat_interval_ms=500, max_poll_interval_ms=60000)
+            while not stop[i].is_set():
+                batch = c.poll(timeout_ms=100)
+                with lock:
+                    for recs in batch.values():
+                        for r in recs:
+                            seen[r.value] = seen.get(r.value, 0) + 1
+                if batch:
+                    c.commit()
+                assignments[i] = {tp.partition for tp in c.assignment()}
+            c.close()
+            assignments[i] = set()
+        except BaseException as e:  # reported by the test thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: failures or (covers(assignments, PARTITIONS)
+                                        and all(assignments)), 60, "three-way split")
+        assert not failures, failures
+        stop[0].set()
+        threads[0].join(30)
+        wait_until(lambda: failures or covers(assignments[1:], PARTITIONS), 60,
+                   "the two remaining consumers to take over")
+        assert not failures, failures
+        rdkafka_produce(broker.bootstrap, topic, values("kp", 600, start=600))
+        wait_until(lambda: len(seen) >= 1200, 60, "every message consumed")
+    finally:
+        for s in stop:
+            s.set()
+        for t in threads:
+            t.join(30)
+    assert not failures, failures
+    assert len(seen) == 1200
+    assert committed(broker.bootstrap, group, topic, PARTITIONS) == \
+        end_offsets(broker.bootstrap, topic, PARTITIONS)
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_librdkafka_group_leave_and_death(broker, protocol):
+    """librdkafka consumers (group.protocol=classic / consumer) split six partitions
+    disjointly; one closes (leaves) and the others take over at once; another is SIGKILLed and
+    the survivors take over its partitions after the session timeout; with commits every
+    message is consumed and the committed offsets reach the end offsets."""
+    topic = unique_topic(f"rdg-{protocol}")
+    group = unique_topic(f"rdg-group-{protocol}")
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    rdkafka_produce(broker.bootstrap, topic, values("rd", 600))
+    g = RdGroup([rd_consumer(broker.bootstrap, group, protocol) for _ in range(3)], topic)
+    child = ChildConsumer(broker.bootstrap, group, topic, protocol)
+    try:
+        g.subscribe()
+        wait_until(lambda: covers(g.assignments() + [child.assignment], PARTITIONS)
+                   and child.assignment and all(g.assignments()), 60,
+                   "a split over four members", step=g.step)
+        # A clean leave.
+        leaving = g.consumers.pop(0)
+        leaving.close()
+        t0 = time.monotonic()
+        wait_until(lambda: covers(g.assignments() + [child.assignment], PARTITIONS), 30,
+                   "takeover after a leave", step=g.step)
+        leave_s = time.monotonic() - t0
+        # A death: no LeaveGroup, the coordinator notices when the session expires.
+        wait_until(lambda: child.assignment, 30, "the child to own partitions", step=g.step)
+        child.kill()
+        t0 = time.monotonic()
+        wait_until(lambda: covers(g.assignments(), PARTITIONS), 45,
+                   "takeover after a member died", step=g.step)
+        death_s = time.monotonic() - t0
+        rdkafka_produce(broker.bootstrap, topic, values("rd", 600, start=600))
+        wait_until(lambda: len(g.seen) >= 1200, 60, "every message consumed", step=g.step)
+        assert not [e for e in g.errors if e.fatal()], g.errors
+        print(f"{protocol}: takeover after leave {leave_s:.2f}s, after death {death_s:.2f}s")
+        assert death_s < 20, f"death noticed after {death_s:.1f}s"
+        wait_until(lambda: committed(broker.bootstrap, group, topic, PARTITIONS)
+                   == end_offsets(broker.bootstrap, topic, PARTITIONS), 30,
+                   "committed offsets at the end offsets", step=g.step)
+    finally:
+        child.close()
+        g.close()
+
+
+def test_static_member_replaced_without_rebalance(broker):
+    """A second classic consumer with the same group.instance.id takes over the first one's
+    partitions in the same generation (no rebalance), and the first is fenced
+    (FENCED_INSTANCE_ID, fatal in librdkafka)."""
+    from confluent_kafka import KafkaError
+    topic = unique_topic("static")
+    group = unique_topic("static-group")
+    create_topic(broker.bootstrap, topic, 2)
+    a = rd_consumer(broker.bootstrap, group, "classic", **{"group.instance.id": "inst-1"})
+    b = None
+    try:
+        a.subscribe([topic])
+        wait_until(lambda: len(a.assignment()) == 2, 30, "the first instance's assignment",
+                   step=lambda: a.poll(0.05))
+        b = rd_consumer(broker.bootstrap, group, "classic", **{"group.instance.id": "inst-1"})
+        b.subscribe([topic])
+        wait_until(lambda: len(b.assignment()) == 2, 30, "the second instance's assignment",
+                   step=lambda: b.poll(0.05))
+        fenced = []
+
+        def poll_a():
+            try:
+                m = a.poll(0.05)
+            except Exception as e:  # some versions raise on a fatal error
+                fenced.append(e)
+                return
+            if m is not None and m.error() is not None:
+                fenced.append(m.error())
+
+        wait_until(lambda: fenced, 30, "the first instance to be fenced", step=poll_a)
+        err = fenced[0]
+        text = str(err)
+        assert (getattr(err, "fatal", lambda: False)() or "fenced" in text.lower()
+                or getattr(err, "code", lambda: None)() == KafkaError._FATAL), text
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
+# -- KIP-848 ----------------------------------------------------------------------------------
+
+
+def test_kip848_regex_subscription_and_assignor(broker):
+    """A KIP-848 consumer subscribed by regex gets every partition of the matching topics, and
+    of a matching topic created later; the server assignor it names (range) is used, and an
+    unknown assignor is refused."""
+    uid = uuid.uuid4().hex[:8]
+    t1, t2, other = f"rx-{uid}-a", f"rx-{uid}-b", f"ry-{uid}-c"
+    for t in (t1, t2, other):
+        create_topic(broker.bootstrap, t, 2)
+    group = unique_topic("rx-group")
+    c = rd_consumer(broker.bootstrap, group, "consumer", **{"group.remote.assignor": "range"})
+    try:
+        c.subscribe([f"^rx-{uid}-.*"])
+        want = {(t1, 0), (t1, 1), (t2, 0), (t2, 1)}
+        wait_until(lambda: {(tp.topic, tp.partition) for tp in c.assignment()} == want, 30,
+                   "the regex's partitions", step=lambda: c.poll(0.05))
+        t3 = f"rx-{uid}-d"
+        create_topic(broker.bootstrap, t3, 1)
+        want.add((t3, 0))
+        wait_until(lambda: {(tp.topic, tp.partition) for tp in c.assignment()} == want, 30,
+                   "the new matching topic", step=lambda: c.poll(0.05))
+    finally:
+        c.close()
+    bad = rd_consumer(broker.bootstrap, unique_topic("rx-bad"), "consumer",
+                      **{"group.remote.assignor": "no-such-assignor"})
+    errors = []
+    try:
+        bad.subscribe([t1])
+
+        def step():
+            m = bad.poll(0.1)
+            if m is not None and m.error() is not None:
+                errors.append(m.error())
+
+        wait_until(lambda: errors, 20, "UNSUPPORTED_ASSIGNOR", step=step)
+        assert "assignor" in str(errors[0]).lower(), errors
+    finally:
+        bad.close()
+
+
+# -- Java client -----------------------------------------------------------------------------------
+
+
+def run_java(java_classes, *args, timeout=300):
+    cmd = ["java", "-Xmx512m", "-XX:+UseSerialGC", "-cp", java_classes, "GroupCheck",
+           *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise AssertionError(f"GroupCheck {' '.join(map(str, args))} failed ({r.returncode}):\n"
+                             f"stdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-6000:]}")
+    return r.stdout
+
+
+def parse_group_check(out: str, partitions: int, messages: int):
+    lines = out.splitlines()
+    stable = {m.group(1): int(m.group(2)) for m in
+              (re.match(r"(STABLE\d) (\d+)", ln) for ln in lines) if m}
+    consumed = [ln.split() for ln in lines if ln.startswith("CONSUMED")]
+    commits = [ln.split() for ln in lines if ln.startswith("COMMITTED")]
+    assert "STABLE1" in stable and "STABLE2" in stable, out
+    assert consumed and int(consumed[0][1]) == messages, out
+    assert len(commits) == partitions, out
+    for _, p, off, end in commits:
+        # A partition that never held a record may never have been committed.
+        assert off == end or (end == "0" and off == "-1"), \
+            f"partition {p}: committed {off}, end {end}\n{out}"
+    return stable
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_java_group(broker, java_classes, protocol):
+    """The Java client 4.x (group.protocol=classic / consumer): three consumers split six
+    partitions disjointly, one closes and the other two take over, every message is consumed
+    with commitSync, and the committed offsets equal the end offsets."""
+    topic = unique_topic(f"jg-{protocol}")
+    out = run_java(java_classes, "group", broker.bootstrap, topic, PARTITIONS,
+                   unique_topic("jg-group"), protocol, 3, 2000)
+    stable = parse_group_check(out, PARTITIONS, 2000)
+    print(f"java {protocol}: first assignment {stable['STABLE1']} ms, "
+          f"takeover after a leave {stable['STABLE2']} ms")
+
+
+# -- durability ----------------------------------------------------------------------------------
+
+
+@pytest.mark.restart
+def test_offsets_survive_restart_and_crash(broker):
+    """Committed offsets (with metadata and leader epochs) come back after a clean restart and
+    after a SIGKILL; offsets committed after the restart are kept too, and a deleted group's
+    offsets stay deleted."""
+    from confluent_kafka import Consumer, TopicPartition
+    if broker.external:
+        pytest.skip("needs a broker the test can restart")
+    topic = unique_topic("dur")
+    create_topic(broker.bootstrap, topic, 4)
+    groups = [unique_topic("dur-g") for _ in range(5)]
+    gone = unique_topic("dur-gone")
+
+    def commit(group, base, meta):
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+        try:
+            tps = [TopicPartition(topic, p, base + p, metadata=meta) for p in range(4)]
+            res = c.commit(offsets=tps, asynchronous=False)
+            assert all(tp.error is None for tp in res), res
+        finally:
+            c.close()
+
+    def read(group):
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+        try:
+            tps = c.committed([TopicPartition(topic, p) for p in range(4)], timeout=20)
+            return {tp.partition: (tp.offset, tp.metadata) for tp in tps}
+        finally:
+            c.close()
+
+    for i, g in enumerate(groups):
+        commit(g, 10 * i, f"m{i}")
+    commit(gone, 5, "x")
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # must outlive the future
+    admin.delete_consumer_groups([gone], request_timeout=20)[gone].result(20)
+    want = {g: {p: (10 * i + p, f"m{i}") for p in range(4)} for i, g in enumerate(groups)}
+    broker.restart()
+    assert {g: read(g) for g in groups} == want
+    commit(groups[0], 100, "after-restart")
+    want[groups[0]] = {p: (100 + p, "after-restart") for p in range(4)}
+    broker.kill()
+    broker.start()
+    assert {g: read(g) for g in groups} == want
+    assert all(off < 0 for off, _ in read(gone).values())
+
+
+# -- the kafka-consumer-groups tool ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tool(kafka_libs):
+    if not any(p.name.startswith("kafka-tools-") for p in kafka_libs.iterdir()):
+        pytest.skip("kafka-tools jar missing")
+
+    def run(*args, timeout=120, check=True):
+        cmd = ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+               "-cp", f"{kafka_libs}/*", CONSUMER_GROUP_COMMAND, *map(str, args)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kafka-consumer-groups {' '.join(map(str, args))} exited "
+                                 f"{r.returncode}\nstdout: {r.stdout[-3000:]}\n"
+                                 f"stderr: {r.stderr[-3000:]}")
+        return r.stdout
+
+    return run
+
+
+def describe_rows(out: str):
+    """Rows of `--describe` output as dicts keyed by the header's column names."""
+    rows, header = [], None
+    for line in out.splitlines():
+        cols = line.split()
+        if not cols:
+            continue
+        if cols[0] == "GROUP":
+            header = cols
+            continue
+        if header and len(cols) == len(header):
+            rows.append(dict(zip(header, cols)))
+    return rows
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_consumer_groups_tool(broker, tool, protocol):
+    """kafka-consumer-groups lists the group, describes its active member and the lag of every
+    partition, and, once the group is empty, resets its offsets to the earliest and deletes
+    it."""
+    bs = ["--bootstrap-server", broker.bootstrap]
+    topic = unique_topic(f"tool-{protocol}")
+    group = unique_topic(f"tool-group-{protocol}")
+    create_topic(broker.bootstrap, topic, 3)
+    rdkafka_produce(broker.bootstrap, topic, values("tool", 300))
+    g = RdGroup([rd_consumer(broker.bootstrap, group, protocol)], topic)
+    g.subscribe()
+    stop = threading.Event()
+    try:
+        wait_until(lambda: len(g.seen) >= 300, 60, "the group to consume", step=g.step)
+        rdkafka_produce(broker.bootstrap, topic, values("tool", 30, start=300))
+
+        def keep_polling():
+            while not stop.is_set():
+                for c in g.consumers:
+                    c.poll(0.05)  # alive, but no longer consuming-and-committing
+
+        poller = threading.Thread(target=keep_polling, daemon=True)
+        # librdkafka consumers are not thread-safe for concurrent polls; only this thread
+        # polls from here on.
+        poller.start()
+        assert group in tool(*bs, "--list").split()
+        members = tool(*bs, "--describe", "--group", group, "--members")
+        assert "rdkafka" in members or "CLIENT-ID" in members, members
+        rows = describe_rows(tool(*bs, "--describe", "--group", group))
+        assert {int(r["PARTITION"]) for r in rows} == {0, 1, 2}, rows
+        assert sum(int(r["LAG"]) for r in rows) == 30, rows
+        assert all(r["CONSUMER-ID"] != "-" for r in rows), rows
+    finally:
+        stop.set()
+        time.sleep(0.2)
+        g.close()
+    wait_until(lambda: "Empty" in tool(*bs, "--describe", "--group", group, "--state"), 30,
+               "the group to be empty", interval=0.5)
+    out = tool(*bs, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest",
+               "--execute")
+    assert topic in out
+    assert committed(broker.bootstrap, group, topic, 3) == {0: 0, 1: 0, 2: 0}
+    rows = describe_rows(tool(*bs, "--describe", "--group", group))
+    assert sum(int(r["LAG"]) for r in rows) == 330, rows
+    out = tool(*bs, "--delete", "--group", group)
+    assert "successful" in out.lower(), out
+    assert group not in tool(*bs, "--list").split()
+
+
+# -- API semantics (kafka-python admin) -----------------------------------------------------------
+
+
+def test_group_admin_semantics(broker):
+    """Describe of an unknown group, DeleteGroups of an active or unknown group, OffsetDelete of
+    a subscribed topic, and a standalone commit into an active group get Kafka's errors; an
+    empty group's offsets can be deleted partition by partition."""
+    from kafka import KafkaAdminClient, TopicPartition as KTP
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    topic = unique_topic("sem")
+    group = unique_topic("sem-group")
+    create_topic(broker.bootstrap, topic, 2)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    member = rd_consumer(broker.bootstrap, group, "classic")
+    try:
+        member.subscribe([topic])
+        wait_until(lambda: len(member.assignment()) == 2, 30, "the member's assignment",
+                   step=lambda: member.poll(0.05))
+        member.commit(offsets=[TopicPartition(topic, 0, 1), TopicPartition(topic, 1, 1)],
+                      asynchronous=False)
+        res = admin.delete_groups([group, unique_topic("nope")])
+        assert res[group] != "OK" and "NonEmpty" in str(res[group]), res
+        assert any("GroupIdNotFound" in str(v) for k, v in res.items() if k != group), res
+        deleted = admin.delete_group_offsets(group, [KTP(topic, 0)])
+        assert "SubscribedToTopic" in str(deleted), deleted
+        # A standalone consumer (no generation) may not commit into an active group.
+        outsider = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+        try:
+            with pytest.raises(KafkaException):
+                outsider.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+        finally:
+            outsider.close()
+    finally:
+        member.close()
+    wait_until(lambda: admin.describe_groups([group])[group]["group_state"] == "Empty", 30,
+               "the group to be empty", interval=0.2)
+    deleted = admin.delete_group_offsets(group, [KTP(topic, 0)])
+    assert "NoError" in str(deleted), deleted
+    offsets = admin.list_group_offsets(group)[group]
+    assert KTP(topic, 0) not in offsets and offsets[KTP(topic, 1)].offset == 1, offsets
+    unknown = unique_topic("never")
+    d = admin.describe_groups([unknown])[unknown]
+    assert d.get("group_state") == "Dead" or "GroupIdNotFound" in str(d.get("error")), d
+    admin.close()
+
+
+# -- benchmarks (long) ------------------------------------------------------------------------------
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not LONG, reason="set KAAS_LONG_TESTS=1")
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_bench_rebalance_100_partitions_10_members(broker, java_classes, protocol):
+    """Benchmark: 10 Java consumers on 100 partitions; time from the start of one member's
+    close (it leaves the group) to the remaining nine owning all 100 partitions disjointly."""
+    topic = unique_topic(f"bench-rb-{protocol}")
+    out = run_java(java_classes, "group", broker.bootstrap, topic, 100,
+                   unique_topic("bench-rb"), protocol, 10, 2000, timeout=600)
+    stable = parse_group_check(out, 100, 2000)
+    print(f"BENCH rebalance {protocol}: first assignment {stable['STABLE1']} ms, "
+          f"stable again after a leave {stable['STABLE2']} ms")
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not LONG, reason="set KAAS_LONG_TESTS=1")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_bench_offset_commits(broker, java_classes, mode):
+    """Benchmark: offset commits per second for one group from one Java consumer (commitSync
+    in a loop, or commitAsync with up to 64 outstanding), each acknowledged only once durable."""
+    topic = unique_topic("bench-commit")
+    create_topic(broker.bootstrap, topic, 1)
+    out = run_java(java_classes, "commitbench", broker.bootstrap, topic,
+                   unique_topic("bench-commit"), 10, mode)
+    m = re.search(r"COMMITS (\d+) (\d+)", out)
+    assert m, out
+    print(f"BENCH offset commits ({mode}): {m.group(2)}/s ({m.group(1)} in 10 s)")
