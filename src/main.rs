@@ -99,6 +99,34 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
+/// The shards' listeners use SO_REUSEPORT, which would let a second broker share this port
+/// silently and split the traffic; a plain bind first proves the port is free. After a crash
+/// the previous process's listener can outlive it by a moment (the kernel tears io_uring down
+/// asynchronously), and a connection routed to that dead socket would hang, so a busy port is
+/// retried for a few seconds before giving up.
+fn wait_for_free_port(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(probe) => {
+                drop(probe);
+                return Ok(());
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("the Kafka port {addr} is in use (another kaas or Kafka broker?)")
+                })
+            }
+        }
+    }
+}
+
 fn main() {
     let args = Args::parse();
     tracing_subscriber::fmt()
@@ -147,14 +175,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         retention_check_interval_ms: args.retention_check_interval_ms,
     };
     let _lock = lock_data_dir(&args.data_dir)?;
-    // The shards' listeners use SO_REUSEPORT, which would let a second broker share this port
-    // silently and split the traffic. A plain bind first proves the port is free.
-    drop(std::net::TcpListener::bind(args.listen).with_context(|| {
-        format!(
-            "the Kafka port {} is in use (another kaas or Kafka broker?)",
-            args.listen
-        )
-    })?);
+    wait_for_free_port(args.listen)?;
     // Bind the health endpoint first so a port clash fails before any data is touched.
     let health = std::net::TcpListener::bind(args.health_listen)
         .with_context(|| format!("binding the health endpoint on {}", args.health_listen))?;

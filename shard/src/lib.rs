@@ -27,7 +27,7 @@ use glommio::{Latency, LocalExecutorBuilder, Placement, Shares};
 
 use crate::catalog::Catalog;
 use crate::config::BrokerConfig;
-use crate::mesh::{new_mesh, Peers};
+use crate::mesh::{Mesh, Peers};
 use crate::probe::ShardProbe;
 use crate::shard::Shard;
 
@@ -81,7 +81,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
         .map(|_| Arc::new(ShardProbe::default()))
         .collect();
     let shutdown = Arc::new(AtomicBool::new(false));
-    let mesh = new_mesh(nshards);
+    let mut mesh = Mesh::new(nshards);
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -99,8 +99,11 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
             catalog.clone(),
             probe.clone(),
             shutdown.clone(),
-            mesh.clone(),
-            ready_tx.clone(),
+            mesh.take(id),
+            StartReport {
+                id,
+                tx: Some(ready_tx.clone()),
+            },
         );
         let builder = LocalExecutorBuilder::new(placement)
             .name(&format!("kaas-shard-{id}"))
@@ -122,8 +125,14 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
     for _ in 0..nshards {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
             Ok((_, Ok(()))) => {}
-            Ok((shard, Err(reason))) => {
+            Ok((shard, Err(mut reason))) => {
                 shutdown.store(true, Ordering::SeqCst);
+                if reason == EXECUTOR_FAILED {
+                    // The executor never ran our code; its own error is in the join result.
+                    if let Err(e) = handles.swap_remove(shard).join() {
+                        reason = explain_start_error(&e.to_string());
+                    }
+                }
                 return Err(StartError::Shard { shard, reason });
             }
             Err(_) => {
@@ -139,6 +148,32 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
         shutdown,
         handles,
     })
+}
+
+const EXECUTOR_FAILED: &str = "the shard's executor failed to start";
+
+/// Reports one shard's start to `start`. If the executor fails before our code runs (io_uring
+/// setup, memlock), the closure holding this is dropped unrun and the drop reports the failure,
+/// so `start` never waits out its timeout on a shard that is already gone.
+struct StartReport {
+    id: usize,
+    tx: Option<mpsc::Sender<(usize, Result<(), String>)>>,
+}
+
+impl StartReport {
+    fn send(&mut self, report: (usize, Result<(), String>)) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(report);
+        }
+    }
+}
+
+impl Drop for StartReport {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send((self.id, Err(EXECUTOR_FAILED.to_string())));
+        }
+    }
 }
 
 /// Turns a low-level start failure into advice for the person running the broker.
@@ -162,25 +197,16 @@ async fn run_shard(
     catalog: Arc<Catalog>,
     probe: Arc<ShardProbe>,
     shutdown: Arc<AtomicBool>,
-    mesh: mesh::Mesh,
-    ready: mpsc::Sender<(usize, Result<(), String>)>,
+    mesh: (futures::channel::mpsc::Receiver<mesh::Job>, Peers),
+    mut ready: StartReport,
 ) {
-    let (senders, mut receivers) = match mesh.join().await {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = ready.send((id, Err(format!("joining the shard mesh failed: {e}"))));
-            return;
-        }
-    };
-    // Routing uses the mesh's peer ids (assigned in join order), not the executor index, so
-    // that `send_to(owner)` reaches the shard that owns the partition.
-    let shard_id = senders.peer_id();
+    let (inbox, peers) = mesh;
     let shard = Rc::new(Shard::new(
-        shard_id,
+        id,
         config.clone(),
         catalog,
         probe.clone(),
-        Peers::new(senders),
+        peers,
     ));
     // Jobs from other shards run in a latency-sensitive queue so they are picked up promptly
     // even when this shard is busy.
@@ -189,23 +215,13 @@ async fn run_shard(
         Latency::Matters(Duration::from_millis(1)),
         "mesh",
     );
-    for (_, rx) in receivers.streams() {
-        let shard = shard.clone();
-        glommio::spawn_local_into(
-            async move {
-                while let Some(job) = rx.recv().await {
-                    job(shard.clone());
-                }
-            },
-            mesh_queue,
-        )
+    glommio::spawn_local_into(mesh::serve_inbox(shard.clone(), inbox), mesh_queue)
         .expect("mesh task queue exists")
         .detach();
-    }
-    let listener = match glommio::net::TcpListener::bind(config.listen) {
+    let listener = match bind_listener(config.listen) {
         Ok(l) => l,
         Err(e) => {
-            let _ = ready.send((
+            ready.send((
                 id,
                 Err(format!(
                     "binding the Kafka listener on {}: {e}",
@@ -236,7 +252,7 @@ async fn run_shard(
     };
     glommio::spawn_local(retention_loop(shard.clone())).detach();
     glommio::spawn_local(groups::run_coordinator(shard.clone())).detach();
-    let _ = ready.send((id, Ok(())));
+    ready.send((id, Ok(())));
     tracing::info!(shard = id, listen = %config.listen, "shard serving");
     while !shutdown.load(Ordering::SeqCst) {
         glommio::timer::sleep(TICK).await;
@@ -281,4 +297,20 @@ async fn retention_loop(shard: Rc<Shard>) {
             }
         }
     }
+}
+
+/// Binds the Kafka listener for one shard: SO_REUSEPORT so every shard accepts on the same
+/// port (the kernel spreads connections), and SO_REUSEADDR so a restart right after a crash is
+/// not refused by the previous process's connections lingering in TIME_WAIT.
+fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_cloexec(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    // SAFETY: the descriptor is a listening TCP socket we own; ownership moves to glommio.
+    Ok(unsafe { glommio::net::TcpListener::from_raw_fd(socket.into_raw_fd()) })
 }

@@ -17,8 +17,6 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub struct Manifest {
     pub leader_epoch: i32,
     pub log_start_offset: i64,
-    /// Log end offset at the last clean close; `None` after a crash or while open.
-    pub clean_end_offset: Option<i64>,
 }
 
 fn path(dir: &Path) -> PathBuf {

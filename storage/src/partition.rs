@@ -142,8 +142,9 @@ impl PartitionLog {
     ) -> Result<Rc<PartitionLog>, StorageError> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| StorageError::io("creating partition directory", &dir, e))?;
-        let manifest = Manifest::load(&dir)?.unwrap_or_default();
-        let clean = manifest.clean_end_offset.is_some();
+        let stored = Manifest::load(&dir)?;
+        let had_manifest = stored.is_some();
+        let manifest = stored.unwrap_or_default();
         let mut names: Vec<(i64, i32, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
             let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
@@ -163,8 +164,7 @@ impl PartitionLog {
         let mut producers = snapshot.table;
         let mut segments: Vec<Segment> = Vec::new();
         let mut cut = false;
-        let count = names.len();
-        for (i, (base, ep, path)) in names.into_iter().enumerate() {
+        for (base, ep, path) in names {
             if cut {
                 // Everything after a corrupt point is unreachable: offsets must be contiguous.
                 tracing::warn!(path = %path.display(), "removing segment that follows a truncated one");
@@ -173,18 +173,15 @@ impl PartitionLog {
                 let _ = std::fs::remove_file(index::file::path_for(&path));
                 continue;
             }
-            let is_last = i + 1 == count;
             // A sealed segment (or the active one after a clean shutdown) with a matching saved
             // index needs no scan, unless it holds batches the producer snapshot lacks. The
             // active segment after a crash is always scanned and verified.
             let len = std::fs::metadata(&path)
                 .map_err(|e| StorageError::io("sizing segment", &path, e))?
                 .len();
-            let saved = if is_last && !clean {
-                None
-            } else {
-                index::file::load(&path, len)
-            };
+            // The active segment's index exists only if it was written at a clean shutdown
+            // after the last open (every open deletes it), and it must match the file's length.
+            let saved = index::file::load(&path, len);
             let covered = |idx: &BatchIndex| idx.last().is_none_or(|e| e.last_offset < replay_from);
             match saved {
                 Some(idx) if covered(&idx) => {
@@ -221,12 +218,18 @@ impl PartitionLog {
         if segments.is_empty() {
             segments.push(Segment::create(&dir, log_end_offset, epoch).await?);
         }
-        Manifest {
-            leader_epoch: epoch,
-            log_start_offset,
-            clean_end_offset: None,
+        // Written only when something changed: an fsync per partition would make opening
+        // thousands of partitions take seconds.
+        if !had_manifest
+            || epoch != manifest.leader_epoch
+            || log_start_offset != manifest.log_start_offset
+        {
+            Manifest {
+                leader_epoch: epoch,
+                log_start_offset,
+            }
+            .store(&dir)?;
         }
-        .store(&dir)?;
         Ok(Rc::new(PartitionLog {
             dir,
             config: RefCell::new(config),
@@ -571,7 +574,6 @@ impl PartitionLog {
                 Manifest {
                     leader_epoch: st.epoch,
                     log_start_offset: st.log_start_offset,
-                    clean_end_offset: None,
                 },
             )
         };
@@ -802,7 +804,6 @@ impl PartitionLog {
         Manifest {
             leader_epoch: epoch,
             log_start_offset: new_start,
-            clean_end_offset: None,
         }
         .store(&self.dir)?;
         for seg in removed {
@@ -822,18 +823,10 @@ impl PartitionLog {
         if self.closed.replace(true) {
             return Ok(());
         }
-        let (file, path, m) = {
+        let (file, path) = {
             let st = self.state.borrow();
             let seg = st.segments.last().expect("active segment");
-            (
-                seg.file.clone(),
-                seg.path.clone(),
-                Manifest {
-                    leader_epoch: st.epoch,
-                    log_start_offset: st.log_start_offset,
-                    clean_end_offset: Some(st.log_end_offset),
-                },
-            )
+            (seg.file.clone(), seg.path.clone())
         };
         file.fdatasync()
             .await
@@ -848,8 +841,9 @@ impl PartitionLog {
             }
             .store(&self.dir)?;
         }
-        // The manifest goes last: `clean_end_offset` promises the index and snapshot are there.
-        m.store(&self.dir)
+        // No manifest write: nothing in it changed, and a clean shutdown is recognised by the
+        // active segment's saved index (deleted again on every open).
+        Ok(())
     }
 
     /// Closes the log and removes its directory (DeleteTopics).

@@ -140,13 +140,15 @@ impl ProducerSnapshot {
         serde_json::from_slice(&std::fs::read(dir.join(SNAPSHOT_FILE)).ok()?).ok()
     }
 
-    /// Durable (tmp + fsync + rename): after a roll, recovery relies on it instead of scanning
-    /// sealed segments, so it must not be lost in a crash.
+    /// Written tmp + rename but not fsynced: it only saves work. If it is lost or older than
+    /// the segments' saved indexes, recovery sees that those segments hold batches the snapshot
+    /// lacks and scans them, so a missing snapshot costs time, never correctness.
     pub fn store(&self, dir: &std::path::Path) -> Result<(), StorageError> {
-        crate::manifest::write_atomically(
-            &dir.join(SNAPSHOT_FILE),
-            &serde_json::to_vec(self).expect("snapshot serializes"),
-        )
+        let path = dir.join(SNAPSHOT_FILE);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(self).expect("snapshot serializes"))
+            .map_err(|e| StorageError::io("writing", &tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("renaming into", &path, e))
     }
 }
 
