@@ -147,6 +147,14 @@ pub fn find_coordinator(
             (k, r)
         })
         .collect();
+    find_coordinator_response(answers, version)
+}
+
+/// The FindCoordinator answer: batched (v4+) or the single-key fields (v0-3).
+fn find_coordinator_response(
+    answers: Vec<(String, CoordinatorAnswer)>,
+    version: i16,
+) -> FindCoordinatorResponse {
     let mut resp = FindCoordinatorResponse::default();
     if version >= 4 {
         resp.coordinators = answers
@@ -279,6 +287,10 @@ pub async fn join_group(
         )
         .await
     };
+    join_response(&result, version)
+}
+
+fn join_response(result: &JoinResult, version: i16) -> JoinGroupResponse {
     let mut resp = JoinGroupResponse::default()
         .with_error_code(code(&result.error))
         .with_generation_id(result.generation)
@@ -378,6 +390,10 @@ pub async fn sync_group(
         })
         .await
     };
+    sync_response(result, version)
+}
+
+fn sync_response(result: SyncResult, version: i16) -> SyncGroupResponse {
     let mut resp = SyncGroupResponse::default()
         .with_error_code(code(&result.error))
         .with_assignment(result.assignment);
@@ -478,11 +494,20 @@ pub async fn leave_group(
         })
         .await
     };
+    leave_response(&leaving, &results, no_group_id, version)
+}
+
+fn leave_response(
+    leaving: &[(String, Option<String>)],
+    results: &[Result<String, GroupError>],
+    no_group_id: bool,
+    version: i16,
+) -> LeaveGroupResponse {
     let mut resp = LeaveGroupResponse::default();
     if version >= 3 {
         resp.members = leaving
             .iter()
-            .zip(&results)
+            .zip(results)
             .map(|((m, i), r)| {
                 MemberResponse::default()
                     .with_member_id(s(m))
@@ -699,6 +724,14 @@ pub async fn offset_fetch(
         lost,
     )
     .await;
+    offset_fetch_response(&wanted, answers, version)
+}
+
+fn offset_fetch_response(
+    wanted: &[FetchGroup],
+    answers: Vec<FetchedGroup>,
+    version: i16,
+) -> OffsetFetchResponse {
     let mut resp = OffsetFetchResponse::default();
     if version >= 8 {
         resp.groups = wanted
@@ -959,22 +992,24 @@ pub async fn list_groups(
         .flatten()
         .filter(|g| states.is_empty() || states.contains(&g.state.to_lowercase()))
         .filter(|g| types.is_empty() || types.contains(&g.group_type.to_string()))
-        .map(|g| {
-            let mut lg = WireListedGroup::default()
-                .with_group_id(GroupId(s(&g.group_id)))
-                .with_protocol_type(s(&g.protocol_type));
-            if version >= 4 {
-                lg.group_state = s(g.state);
-            }
-            if version >= 5 {
-                lg.group_type = s(g.group_type);
-            }
-            lg
-        })
+        .map(|g| listed_group(&g, version))
         .collect();
     ListGroupsResponse::default()
         .with_error_code(error)
         .with_groups(groups)
+}
+
+fn listed_group(g: &ListedGroup, version: i16) -> WireListedGroup {
+    let mut lg = WireListedGroup::default()
+        .with_group_id(GroupId(s(&g.group_id)))
+        .with_protocol_type(s(&g.protocol_type));
+    if version >= 4 {
+        lg.group_state = s(g.state);
+    }
+    if version >= 5 {
+        lg.group_type = s(g.group_type);
+    }
+    lg
 }
 
 #[derive(Clone)]
@@ -1069,50 +1104,52 @@ pub async fn describe_groups(
     let groups = ids
         .into_iter()
         .zip(answers)
-        .map(|(gid, a)| {
-            let mut g = DescribedGroup::default().with_group_id(GroupId(s(&gid)));
-            match &a.error {
-                // Before v6 an unknown group is described as Dead with no error.
-                Some(GroupError::GroupIdNotFound(msg)) => {
-                    if version >= 6 {
-                        g.error_code = errors::group(a.error.as_ref().expect("matched"));
-                        g.error_message = Some(s(msg));
-                    } else {
-                        g.group_state = s("Dead");
-                    }
-                }
-                Some(e) => {
-                    g.error_code = errors::group(e);
-                    if version >= 6 {
-                        g.error_message = Some(s(&e.to_string()));
-                    }
-                }
-                None => {
-                    g.group_state = s(&a.state);
-                    g.protocol_type = s(&a.protocol_type);
-                    g.protocol_data = s(&a.protocol_data);
-                    g.members = a
-                        .members
-                        .iter()
-                        .map(|(id, inst, client, host, meta, assign)| {
-                            let mut m = DescribedGroupMember::default()
-                                .with_member_id(s(id))
-                                .with_client_id(s(client))
-                                .with_client_host(s(host))
-                                .with_member_metadata(meta.clone())
-                                .with_member_assignment(assign.clone());
-                            if version >= 4 {
-                                m.group_instance_id = inst.as_deref().map(s);
-                            }
-                            m
-                        })
-                        .collect();
-                }
-            }
-            g
-        })
+        .map(|(gid, a)| described_group(&gid, a, version))
         .collect();
     DescribeGroupsResponse::default().with_groups(groups)
+}
+
+fn described_group(gid: &str, a: DescribedClassic, version: i16) -> DescribedGroup {
+    let mut g = DescribedGroup::default().with_group_id(GroupId(s(gid)));
+    match &a.error {
+        // Before v6 an unknown group is described as Dead with no error.
+        Some(GroupError::GroupIdNotFound(msg)) => {
+            if version >= 6 {
+                g.error_code = errors::group(a.error.as_ref().expect("matched"));
+                g.error_message = Some(s(msg));
+            } else {
+                g.group_state = s("Dead");
+            }
+        }
+        Some(e) => {
+            g.error_code = errors::group(e);
+            if version >= 6 {
+                g.error_message = Some(s(&e.to_string()));
+            }
+        }
+        None => {
+            g.group_state = s(&a.state);
+            g.protocol_type = s(&a.protocol_type);
+            g.protocol_data = s(&a.protocol_data);
+            g.members = a
+                .members
+                .iter()
+                .map(|(id, inst, client, host, meta, assign)| {
+                    let mut m = DescribedGroupMember::default()
+                        .with_member_id(s(id))
+                        .with_client_id(s(client))
+                        .with_client_host(s(host))
+                        .with_member_metadata(meta.clone())
+                        .with_member_assignment(assign.clone());
+                    if version >= 4 {
+                        m.group_instance_id = inst.as_deref().map(s);
+                    }
+                    m
+                })
+                .collect();
+        }
+    }
+    g
 }
 
 pub async fn delete_groups(shard: &Rc<Shard>, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
@@ -1228,6 +1265,12 @@ pub async fn consumer_group_heartbeat(
         )
         .await
     };
+    consumer_heartbeat_response(result)
+}
+
+fn consumer_heartbeat_response(
+    result: Result<(consumer::HeartbeatResult, i32), GroupError>,
+) -> ConsumerGroupHeartbeatResponse {
     match result {
         Ok((r, interval)) => ConsumerGroupHeartbeatResponse::default()
             .with_member_id(Some(s(&r.member_id)))
@@ -1279,6 +1322,26 @@ fn describe_consumer_on_owner(
         .values()
         .map(|t| (t.id, t.name.clone()))
         .collect();
+    DescribedConsumerGroup {
+        error: None,
+        group: Some(describe_consumer(
+            c,
+            gid,
+            &names,
+            &shard.groups.config.default_assignor,
+            version,
+        )),
+    }
+}
+
+/// A KIP-848 group as ConsumerGroupDescribe reports it; `names` maps topic ids to names.
+fn describe_consumer(
+    c: &ConsumerGroup,
+    gid: &str,
+    names: &HashMap<Uuid, String>,
+    default_assignor: &str,
+    version: i16,
+) -> cgd::DescribedGroup {
     let assignment = |a: &consumer::Assignment| {
         cgd::Assignment::default().with_topic_partitions(
             a.iter()
@@ -1320,23 +1383,18 @@ fn describe_consumer_on_owner(
             dm
         })
         .collect();
-    DescribedConsumerGroup {
-        error: None,
-        group: Some(
-            cgd::DescribedGroup::default()
-                .with_group_id(GroupId(s(gid)))
-                .with_group_state(s(c.state_name()))
-                .with_group_epoch(c.group_epoch)
-                .with_assignment_epoch(c.assignment_epoch)
-                .with_assignor_name(s(if c.assignor_name.is_empty() {
-                    &shard.groups.config.default_assignor
-                } else {
-                    &c.assignor_name
-                }))
-                .with_members(members)
-                .with_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
-        ),
-    }
+    cgd::DescribedGroup::default()
+        .with_group_id(GroupId(s(gid)))
+        .with_group_state(s(c.state_name()))
+        .with_group_epoch(c.group_epoch)
+        .with_assignment_epoch(c.assignment_epoch)
+        .with_assignor_name(s(if c.assignor_name.is_empty() {
+            default_assignor
+        } else {
+            &c.assignor_name
+        }))
+        .with_members(members)
+        .with_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }
 
 pub async fn consumer_group_describe(
@@ -1378,4 +1436,196 @@ pub async fn consumer_group_describe(
         })
         .collect();
     ConsumerGroupDescribeResponse::default().with_groups(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::groups::classic::JoinedMember;
+    use kaas_wire::kafka_protocol::messages::ApiKey;
+    use kaas_wire::kafka_protocol::protocol::{Decodable, Encodable};
+    use kaas_wire::versions::supported_range;
+
+    /// Encodes `resp` at every version we serve for `key` and decodes it back: the encoder
+    /// refuses a non-default value in a field the version lacks, so this proves every builder
+    /// sets version-dependent fields only where they exist.
+    fn round_trip<T: Encodable + Decodable>(key: ApiKey, build: impl Fn(i16) -> T) {
+        let (lo, hi) = supported_range(key).expect("served");
+        for v in lo..=hi {
+            let resp = build(v);
+            let mut buf = bytes::BytesMut::new();
+            resp.encode(&mut buf, v)
+                .unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));
+            let mut bytes = buf.freeze();
+            T::decode(&mut bytes, v)
+                .unwrap_or_else(|e| panic!("{key:?} v{v} does not decode: {e}"));
+            assert!(
+                bytes.is_empty(),
+                "{key:?} v{v}: {} bytes left over",
+                bytes.len()
+            );
+        }
+    }
+
+    // Every group response builder encodes at every version we advertise, with every optional
+    // field populated.
+    #[test]
+    fn responses_encode_at_every_version() {
+        round_trip(ApiKey::FindCoordinator, |v| {
+            let mut answers = vec![("g".to_string(), Ok((0, "h".to_string(), 9092)))];
+            if v >= 4 {
+                answers.push(("t".into(), Err((errors::INVALID_REQUEST, "bad".into()))));
+            }
+            find_coordinator_response(answers, v)
+        });
+        round_trip(ApiKey::FindCoordinator, |v| {
+            find_coordinator_response(vec![("g".into(), Err((15, "none".into())))], v)
+        });
+        let joined = JoinResult {
+            error: None,
+            generation: 3,
+            protocol_type: Some("consumer".into()),
+            protocol_name: Some("range".into()),
+            leader: "m1".into(),
+            member_id: "m1".into(),
+            skip_assignment: true,
+            members: vec![JoinedMember {
+                member_id: "m1".into(),
+                instance_id: Some("i1".into()),
+                metadata: Bytes::from_static(b"meta"),
+            }],
+        };
+        round_trip(ApiKey::JoinGroup, |v| join_response(&joined, v));
+        let required = JoinResult::error(GroupError::MemberIdRequired, "m2");
+        round_trip(ApiKey::JoinGroup, |v| join_response(&required, v));
+        round_trip(ApiKey::SyncGroup, |v| {
+            sync_response(
+                SyncResult {
+                    error: None,
+                    protocol_type: Some("consumer".into()),
+                    protocol_name: Some("range".into()),
+                    assignment: Bytes::from_static(b"a"),
+                },
+                v,
+            )
+        });
+        round_trip(ApiKey::LeaveGroup, |v| {
+            leave_response(
+                &[("m1".into(), Some("i1".into())), ("m2".into(), None)],
+                &[Ok("m1".into()), Err(GroupError::NonEmptyGroup)],
+                false,
+                v,
+            )
+        });
+        round_trip(ApiKey::OffsetFetch, |v| {
+            let wanted: Vec<FetchGroup> = (0..if v >= 8 { 2 } else { 1 })
+                .map(|i| FetchGroup {
+                    group_id: format!("g{i}"),
+                    member: None,
+                    topics: None,
+                })
+                .collect();
+            let answers = wanted
+                .iter()
+                .map(|_| FetchedGroup {
+                    error: errors::NONE,
+                    topics: vec![(
+                        "t".into(),
+                        vec![
+                            (0, 5, 2, "meta".into(), errors::NONE),
+                            (1, -1, -1, String::new(), 0),
+                        ],
+                    )],
+                })
+                .collect();
+            offset_fetch_response(&wanted, answers, v)
+        });
+        round_trip(ApiKey::ListGroups, |v| {
+            ListGroupsResponse::default().with_groups(vec![listed_group(
+                &ListedGroup {
+                    group_id: "g".into(),
+                    protocol_type: "consumer".into(),
+                    state: "Stable",
+                    group_type: "classic",
+                },
+                v,
+            )])
+        });
+        round_trip(ApiKey::DescribeGroups, |v| {
+            let stable = DescribedClassic {
+                error: None,
+                state: "Stable".into(),
+                protocol_type: "consumer".into(),
+                protocol_data: "range".into(),
+                members: vec![(
+                    "m1".into(),
+                    Some("i1".into()),
+                    "c".into(),
+                    "/h".into(),
+                    Bytes::from_static(b"md"),
+                    Bytes::from_static(b"as"),
+                )],
+            };
+            let missing = DescribedClassic {
+                error: Some(GroupError::GroupIdNotFound("no".into())),
+                state: "Dead".into(),
+                protocol_type: String::new(),
+                protocol_data: String::new(),
+                members: vec![],
+            };
+            let failed = DescribedClassic {
+                error: Some(unavailable()),
+                ..missing.clone()
+            };
+            DescribeGroupsResponse::default().with_groups(vec![
+                described_group("a", stable, v),
+                described_group("b", missing, v),
+                described_group("c", failed, v),
+            ])
+        });
+        round_trip(ApiKey::ConsumerGroupHeartbeat, |_| {
+            consumer_heartbeat_response(Ok((
+                consumer::HeartbeatResult {
+                    member_id: "m".into(),
+                    member_epoch: 3,
+                    assignment: Some(vec![(Uuid::from_u128(7), vec![0, 1])]),
+                },
+                5000,
+            )))
+        });
+        round_trip(ApiKey::ConsumerGroupHeartbeat, |_| {
+            consumer_heartbeat_response(Err(GroupError::FencedMemberEpoch("x".into())))
+        });
+        let mut cg = ConsumerGroup::new("g");
+        let topics = std::sync::Arc::new(crate::catalog::TopicTable::default());
+        let assign = |_: &str, _: &[_], _: &BTreeMap<_, _>| None;
+        let env = HeartbeatEnv {
+            now: Instant::now(),
+            topics: &topics,
+            session_timeout_ms: 45_000,
+            default_assignor: "uniform",
+            assign: &assign,
+        };
+        cg.heartbeat(
+            HeartbeatArgs {
+                member_id: "m".into(),
+                instance_id: Some("i".into()),
+                rack_id: Some("r".into()),
+                rebalance_timeout_ms: 1000,
+                subscribed_topic_regex: Some("t.*".into()),
+                subscribed_topic_names: Some(vec!["t".into()]),
+                owned: Some(vec![]),
+                ..Default::default()
+            },
+            &env,
+        )
+        .unwrap();
+        cg.target
+            .insert("m".into(), [(Uuid::from_u128(1), [0, 1].into())].into());
+        let names: HashMap<Uuid, String> = [(Uuid::from_u128(1), "t".to_string())].into();
+        round_trip(ApiKey::ConsumerGroupDescribe, |v| {
+            ConsumerGroupDescribeResponse::default()
+                .with_groups(vec![describe_consumer(&cg, "g", &names, "uniform", v)])
+        });
+    }
 }
