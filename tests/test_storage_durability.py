@@ -48,6 +48,26 @@ def read_all(bootstrap: str, topic: str, partitions: int, timeout_s: float = 60.
     return out
 
 
+def read_compacted(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, bytes]:
+    """Every record of partition 0 of a compacted topic (offsets may have gaps), by offset."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False})
+    low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    c.assign([TopicPartition(topic, 0, low)])
+    out: dict[int, bytes] = {}
+    last = low - 1
+    deadline = time.monotonic() + timeout_s
+    while last + 1 < high and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            if m.error():
+                raise KafkaException(m.error())
+            assert m.offset() > last, f"offset {m.offset()} after {last}: offsets must increase"
+            out[m.offset()] = m.value()
+            last = m.offset()
+    c.close()
+    assert last + 1 >= high, f"read up to {last}, high watermark {high}"
+    return out
+
+
 def produce_until_killed(broker, topic: str, tag: str, acked: dict, kill_after_s: float) -> int:
     """acks=all idempotent load from a background thread; SIGKILL the broker mid-flight."""
     p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
@@ -205,3 +225,60 @@ def test_restart_with_many_partitions(broker_factory):
     c.close()
     assert len(got) == n, f"only {len(got)} of {n} partitions served"
     print(f"\nrestart with {n} partitions: every partition served {elapsed:.2f}s after start")
+
+
+def test_compaction_keeps_latest_value_per_key(broker_factory):
+    """A stock client writes many values per key (and tombstones) to a compacted topic; after
+    the broker compacts, a fresh consumer sees the latest value of every key, superseded values
+    are gone from the sealed segments, and tombstoned keys disappear."""
+    broker = broker_factory(extra_args=["--retention-check-interval-ms", "200"])
+    topic = "compacted"
+    create_topic(broker.bootstrap, topic, 1, {
+        "cleanup.policy": "compact", "segment.bytes": "4096", "delete.retention.ms": "0",
+        "min.compaction.lag.ms": "0"})
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0, "batch.num.messages": 1})
+    keys = [f"key-{k}" for k in range(20)]
+    latest: dict[str, bytes | None] = {}
+    for rnd in range(30):
+        for k in keys:
+            v = f"{k}-v{rnd}".encode()
+            p.produce(topic, key=k.encode(), value=v)
+            latest[k] = v
+        p.flush(30)
+    for k in keys[:5]:  # tombstones for five keys
+        p.produce(topic, key=k.encode(), value=None)
+        latest[k] = None
+    # Filler on other keys so the tombstones end up in sealed segments.
+    for i in range(200):
+        p.produce(topic, key=f"filler-{i % 3}".encode(), value=b"f" * 100)
+    assert p.flush(30) == 0
+    written = 30 * len(keys) + 5 + 200
+
+    def snapshot():
+        return read_compacted(broker.bootstrap, topic)
+
+    deadline = time.monotonic() + 30
+    stored = snapshot()
+    while len(stored) > 0.5 * written and time.monotonic() < deadline:
+        time.sleep(0.5)
+        stored = snapshot()
+    assert len(stored) < 0.5 * written, f"compaction did not run: {len(stored)} of {written} records remain"
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    last_seen: dict[str, bytes | None] = {}
+    count: dict[str, int] = {}
+    deadline = time.monotonic() + 30
+    n = 0
+    while n < len(stored) and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            assert not m.error(), m.error()
+            k = m.key().decode()
+            last_seen[k] = m.value()
+            count[k] = count.get(k, 0) + 1
+            n += 1
+    c.close()
+    for k in keys[5:]:
+        assert last_seen.get(k) == latest[k], f"{k}: latest value {latest[k]!r}, consumer ended on {last_seen.get(k)!r}"
+        assert count[k] == 1, f"{k}: {count[k]} versions survived compaction"
+    for k in keys[:5]:
+        assert k not in last_seen, f"tombstoned {k} is still visible: {last_seen[k]!r}"

@@ -15,6 +15,7 @@ use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::Task;
 use kaas_wire::codec::{self, decode_request};
+use kaas_wire::fetch_frame::ResponseFrame;
 use kaas_wire::frame::{frame_len, FRAME_PREFIX_LEN};
 use kaas_wire::WireError;
 
@@ -38,7 +39,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         .connections_total
         .fetch_add(1, Ordering::Relaxed);
     let (reader, writer) = stream.split();
-    let (tx, rx) = local_channel::new_bounded::<Task<Option<Bytes>>>(MAX_IN_FLIGHT);
+    let (tx, rx) = local_channel::new_bounded::<Task<Option<ResponseFrame>>>(MAX_IN_FLIGHT);
     let probe = shard.probe.clone();
     let writer_task = glommio::spawn_local(async move {
         let mut writer = writer;
@@ -48,12 +49,15 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
             if broken {
                 continue;
             }
-            if let Some(bytes) = response {
+            if let Some(frame) = response {
                 probe
                     .bytes_out
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                if writer.write_all(&bytes).await.is_err() {
-                    broken = true;
+                    .fetch_add(frame.len() as u64, Ordering::Relaxed);
+                for chunk in &frame.chunks {
+                    if writer.write_all(chunk).await.is_err() {
+                        broken = true;
+                        break;
+                    }
                 }
             }
         }
@@ -87,7 +91,7 @@ impl std::fmt::Display for Close {
 async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     shard: &Rc<Shard>,
     reader: R,
-    tx: &local_channel::LocalSender<Task<Option<Bytes>>>,
+    tx: &local_channel::LocalSender<Task<Option<ResponseFrame>>>,
 ) -> Result<(), Close> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     loop {
@@ -142,7 +146,7 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                 ..
             }) => {
                 let bytes = codec::unsupported_api_versions_response(correlation_id);
-                glommio::spawn_local(async move { Some(bytes) })
+                glommio::spawn_local(async move { Some(ResponseFrame::single(bytes)) })
             }
             // Anything else we cannot parse closes the connection, as Kafka does: there is no
             // way to answer a request whose header we could not read.

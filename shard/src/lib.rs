@@ -266,7 +266,8 @@ async fn run_shard(
     tracing::info!(shard = id, "shard stopped; partitions closed cleanly");
 }
 
-/// Applies retention (`retention.ms`, `retention.bytes`) to every partition this shard owns,
+/// Applies compaction and retention (`cleanup.policy`, `retention.ms`, `retention.bytes`) to
+/// every partition this shard owns,
 /// every `--retention-check-interval-ms`. Partitions not yet opened are opened for it, so idle
 /// partitions age out too.
 async fn retention_loop(shard: Rc<Shard>) {
@@ -285,6 +286,9 @@ async fn retention_loop(shard: Rc<Shard>) {
                 }
                 match shard.partition(topic, p).await {
                     Ok(log) => {
+                        if let Err(e) = log.compact(now_ms).await {
+                            tracing::error!(topic = %topic.name, partition = p, error = %e, "compaction failed");
+                        }
                         if let Err(e) = log.enforce_retention(now_ms).await {
                             tracing::error!(topic = %topic.name, partition = p, error = %e, "retention failed");
                         }

@@ -223,6 +223,9 @@ pub fn log_config(overrides: &BTreeMap<String, String>) -> LogConfig {
         retention_ms: number(overrides, "retention.ms"),
         retention_bytes: number(overrides, "retention.bytes"),
         delete_enabled: policy.split(',').any(|p| p.trim() == "delete"),
+        compact_enabled: policy.split(',').any(|p| p.trim() == "compact"),
+        delete_retention_ms: number(overrides, "delete.retention.ms"),
+        min_compaction_lag_ms: number(overrides, "min.compaction.lag.ms"),
         flush_ms: number(overrides, "flush.ms").max(0) as u64,
         flush_messages: number(overrides, "flush.messages").max(1) as u64,
         ..LogConfig::default()

@@ -12,6 +12,7 @@
 //! started after the write completed. One fdatasync serves every waiter whose write completed
 //! before it started (group commit).
 
+mod compaction;
 mod error;
 mod index;
 mod manifest;
@@ -43,3 +44,17 @@ pub type Offset = i64;
     serde::Deserialize,
 )]
 pub struct LeaderEpoch(pub i32);
+
+/// (offset, key as UTF-8) of each record of an uncompressed batch, for tests and tools.
+pub fn compaction_records(batch: &[u8]) -> Option<Vec<(i64, String)>> {
+    compaction::records(batch).map(|rs| {
+        rs.into_iter()
+            .map(|r| {
+                (
+                    r.offset,
+                    String::from_utf8_lossy(r.key.unwrap_or_default()).into_owned(),
+                )
+            })
+            .collect()
+    })
+}

@@ -10,6 +10,7 @@ use futures_lite::future;
 use glommio::sync::Semaphore;
 use kaas_wire::batch::{self, BatchHeader};
 
+use crate::compaction;
 use crate::index::{self, BatchEntry, BatchIndex};
 use crate::manifest::Manifest;
 use crate::producer::{ProducerCheck, ProducerSnapshot, ProducerStateTable};
@@ -33,6 +34,12 @@ pub struct LogConfig {
     pub retention_bytes: i64,
     /// Whether `cleanup.policy` includes `delete` (retention applies only then).
     pub delete_enabled: bool,
+    /// Whether `cleanup.policy` includes `compact`.
+    pub compact_enabled: bool,
+    /// `delete.retention.ms`: tombstones older than this are dropped by compaction.
+    pub delete_retention_ms: i64,
+    /// `min.compaction.lag.ms`: segments with records newer than this are not compacted.
+    pub min_compaction_lag_ms: i64,
     /// `flush.ms`: data not yet fsynced (acks=0/1 writes) is fsynced within this long.
     pub flush_ms: u64,
     /// `flush.messages`: fsync once this many messages are not yet durable.
@@ -50,6 +57,9 @@ impl Default for LogConfig {
             retention_ms: 7 * 24 * 3600 * 1000,
             retention_bytes: -1,
             delete_enabled: true,
+            compact_enabled: false,
+            delete_retention_ms: 24 * 3600 * 1000,
+            min_compaction_lag_ms: 0,
             flush_ms: 1000,
             flush_messages: u64::MAX,
             fsync_timeout_ms: 30_000,
@@ -128,6 +138,8 @@ pub struct PartitionLog {
     /// Woken whenever the log end offset moves, for Fetch long-polls.
     data_waiters: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
     closed: Cell<bool>,
+    /// Log end offset when compaction last ran; nothing new since then means nothing to do.
+    compacted_at_end: Cell<i64>,
 }
 
 impl PartitionLog {
@@ -249,6 +261,7 @@ impl PartitionLog {
             write_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
+            compacted_at_end: Cell::new(-1),
         }))
     }
 
@@ -626,8 +639,14 @@ impl PartitionLog {
     /// Reads whole batches starting with the one that contains `offset`, up to `max_bytes`
     /// (at least one batch even if it is larger, as Kafka does, so a consumer always
     /// progresses). Reads stop at a segment boundary.
+    ///
+    /// Sealed segments are served from a memory mapping without copying: the returned bytes
+    /// are a slice of the mapped file, and the connection writes them straight to the socket.
+    /// A sealed segment is never truncated or rewritten in place (retention unlinks it, and the
+    /// mapping stays valid until the last reader drops it), so the mapping cannot SIGBUS. The
+    /// active segment is still growing and is read with a positioned read instead.
     pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
-        let (file, path, position, len, hw, start) = {
+        let (file, path, position, len, hw, start, mapped) = {
             let st = self.state.borrow();
             let (hw, start) = (st.log_end_offset, st.log_start_offset);
             if offset < start || offset > hw {
@@ -649,15 +668,16 @@ impl PartitionLog {
                 .partition_point(|s| s.base_offset <= offset)
                 .saturating_sub(1);
             let mut found = None;
-            for seg in &st.segments[si..] {
+            let last = st.segments.len() - 1;
+            for (k, seg) in st.segments.iter().enumerate().skip(si) {
                 let entries = seg.index.entries();
                 let i = seg.index.find(offset);
                 if i < entries.len() {
-                    found = Some((seg, i));
+                    found = Some((seg, i, k < last));
                     break;
                 }
             }
-            let Some((seg, i)) = found else {
+            let Some((seg, i, sealed)) = found else {
                 return Ok(ReadOutcome {
                     records: Bytes::new(),
                     high_watermark: hw,
@@ -673,6 +693,7 @@ impl PartitionLog {
                 }
                 end = e.end_position();
             }
+            let mapped = if sealed { seg.mapped()? } else { None };
             (
                 seg.file.clone(),
                 seg.path.clone(),
@@ -680,8 +701,16 @@ impl PartitionLog {
                 (end - first.position) as usize,
                 hw,
                 start,
+                mapped,
             )
         };
+        if let Some(map) = mapped {
+            return Ok(ReadOutcome {
+                records: map.slice(position as usize..position as usize + len),
+                high_watermark: hw,
+                log_start_offset: start,
+            });
+        }
         let data = file
             .read_at(position, len)
             .await
@@ -813,6 +842,200 @@ impl PartitionLog {
         Ok(new_start)
     }
 
+    /// Compacts sealed segments (`cleanup.policy` with `compact`): keeps the latest record of
+    /// every key, drops tombstones older than `delete.retention.ms`, leaves segments holding
+    /// records newer than `min.compaction.lag.ms` alone, and never touches the active segment.
+    ///
+    /// Appends are not blocked: cleaned copies are written beside the segments without the
+    /// write lock, which is taken only to swap each copy in (rename over the old file, which
+    /// readers holding its mapping keep reading until they drop it). Returns the number of
+    /// segments rewritten.
+    pub async fn compact(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let cfg = self.config.borrow().clone();
+        if !cfg.compact_enabled
+            || self.closed.get()
+            || self.log_end_offset() == self.compacted_at_end.get()
+        {
+            return Ok(0);
+        }
+        let end_at_start = self.log_end_offset();
+        // 1. The latest offset of every key, over the whole log (the active segment included:
+        //    a newer value there makes older ones obsolete).
+        let mut views: Vec<(i64, u64, Bytes, bool, i64)> = Vec::new(); // base, size, bytes, cleanable, newest ts
+        {
+            let st = self.state.borrow();
+            let last = st.segments.len() - 1;
+            for (k, seg) in st.segments.iter().enumerate() {
+                let bytes = if k < last {
+                    seg.mapped()?
+                } else {
+                    map_prefix(&seg.path, seg.size)?
+                };
+                let newest = seg
+                    .index
+                    .entries()
+                    .iter()
+                    .map(|e| e.max_timestamp)
+                    .max()
+                    .unwrap_or(i64::MIN);
+                let cleanable =
+                    k < last && newest <= now_ms.saturating_sub(cfg.min_compaction_lag_ms);
+                if let Some(bytes) = bytes {
+                    views.push((seg.base_offset, seg.size, bytes, cleanable, newest));
+                }
+            }
+        }
+        let mut latest: std::collections::HashMap<u128, i64> = std::collections::HashMap::new();
+        for (_, _, bytes, _, _) in &views {
+            let mut at = 0;
+            while at < bytes.len() {
+                let Ok(h) = batch::peek_header(&bytes[at..]) else {
+                    break;
+                };
+                if let Some(recs) = compaction::records(&bytes[at..at + h.total_len()]) {
+                    for r in recs {
+                        if let Some(k) = r.key {
+                            latest.insert(compaction::key_digest(k), r.offset);
+                        }
+                    }
+                }
+                at += h.total_len();
+                glommio::yield_if_needed().await;
+            }
+        }
+        // 2. Rewrite each cleanable segment that loses records.
+        let tombstone_horizon = now_ms.saturating_sub(cfg.delete_retention_ms);
+        let mut rewritten = 0;
+        for (base, size, bytes, cleanable, newest) in views {
+            if !cleanable {
+                continue;
+            }
+            let mut out: Vec<u8> = Vec::with_capacity(bytes.len());
+            let mut index = BatchIndex::default();
+            let mut at = 0;
+            let mut changed = false;
+            while at < bytes.len() {
+                let Ok(h) = batch::peek_header(&bytes[at..]) else {
+                    break;
+                };
+                let whole = &bytes[at..at + h.total_len()];
+                at += h.total_len();
+                let kept: std::borrow::Cow<[u8]> = match compaction::records(whole) {
+                    None => whole.into(),
+                    Some(recs) => {
+                        let keep = |r: &compaction::RecordRef<'_>| match r.key {
+                            None => true,
+                            Some(k) => {
+                                latest.get(&compaction::key_digest(k)) == Some(&r.offset)
+                                    && !(r.is_tombstone && newest < tombstone_horizon)
+                            }
+                        };
+                        match compaction::filter_batch(whole, &recs, keep) {
+                            compaction::Kept::All => whole.into(),
+                            compaction::Kept::None => {
+                                changed = true;
+                                continue;
+                            }
+                            compaction::Kept::Some(b) => {
+                                changed = true;
+                                b.into()
+                            }
+                        }
+                    }
+                };
+                index.push(BatchEntry {
+                    base_offset: h.base_offset,
+                    last_offset: h.last_offset(),
+                    position: out.len() as u64,
+                    len: kept.len() as u32,
+                    max_timestamp: h.max_timestamp,
+                    leader_epoch: h.partition_leader_epoch,
+                });
+                out.extend_from_slice(&kept);
+            }
+            if changed && self.swap_cleaned(base, size, out, index).await? {
+                rewritten += 1;
+            }
+        }
+        self.compacted_at_end.set(end_at_start);
+        if rewritten > 0 {
+            tracing::info!(dir = %self.dir.display(), segments = rewritten, "compacted");
+        }
+        Ok(rewritten)
+    }
+
+    /// Writes a cleaned copy of segment `base` and swaps it in, if the segment is still there
+    /// with the size it had when it was read.
+    async fn swap_cleaned(
+        &self,
+        base: i64,
+        size: u64,
+        bytes: Vec<u8>,
+        index: BatchIndex,
+    ) -> Result<bool, StorageError> {
+        let path = {
+            let st = self.state.borrow();
+            match st.segments.iter().find(|s| s.base_offset == base) {
+                Some(s) => s.path.clone(),
+                None => return Ok(false),
+            }
+        };
+        let tmp = path.with_extension("cleaned");
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .buffered_open(&tmp)
+            .await
+            .map_err(|e| StorageError::io("creating cleaned segment", &tmp, e))?;
+        let len = bytes.len();
+        if len > 0 {
+            let n = file
+                .write_at(bytes, 0)
+                .await
+                .map_err(|e| StorageError::io("writing cleaned segment", &tmp, e))?;
+            if n != len {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(StorageError::io(
+                    "writing cleaned segment",
+                    &tmp,
+                    format!("short write: {n} of {len} bytes"),
+                ));
+            }
+        }
+        file.fdatasync()
+            .await
+            .map_err(|e| StorageError::io("fsyncing cleaned segment", &tmp, e))?;
+        let _permit = self
+            .write_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        let mut st = self.state.borrow_mut();
+        let last = st.segments.len() - 1;
+        let Some(k) = st.segments.iter().position(|s| s.base_offset == base) else {
+            let _ = std::fs::remove_file(&tmp);
+            return Ok(false);
+        };
+        if k == last || st.segments[k].size != size {
+            let _ = std::fs::remove_file(&tmp);
+            return Ok(false);
+        }
+        // Rename over the old file: readers holding its mapping keep the old inode; new reads
+        // see the cleaned one. The directory fsync makes the swap survive a crash.
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| StorageError::io("renaming cleaned segment", &path, e))?;
+        crate::segment::sync_dir(&self.dir)?;
+        index::file::save(&path, &index);
+        let seg = &mut st.segments[k];
+        seg.file = Rc::new(file);
+        seg.size = len as u64;
+        seg.index = index;
+        *seg.map.borrow_mut() = None;
+        Ok(true)
+    }
+
     /// Flushes and records a clean shutdown. Later appends fail with [`StorageError::Closed`].
     pub async fn close(&self) -> Result<(), StorageError> {
         let _permit = self
@@ -853,4 +1076,19 @@ impl PartitionLog {
         std::fs::remove_dir_all(&self.dir)
             .map_err(|e| StorageError::io("removing partition directory", &self.dir, e))
     }
+}
+
+/// A read-only mapping of the first `len` bytes of a file that may still grow (the active
+/// segment). Appends only extend the file and it is never truncated while open, so the mapped
+/// prefix stays valid.
+fn map_prefix(path: &Path, len: u64) -> Result<Option<Bytes>, StorageError> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| StorageError::io("opening segment for mapping", path, e))?;
+    // SAFETY: read-only mapping of bytes that are never modified or truncated while mapped.
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
+        .map_err(|e| StorageError::io("mapping segment", path, e))?;
+    Ok(Some(Bytes::from_owner(map)))
 }

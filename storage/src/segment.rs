@@ -3,6 +3,8 @@
 //! they are.
 
 use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -37,6 +39,8 @@ pub struct Segment {
     pub index: BatchIndex,
     /// When this segment was created or opened, for `segment.ms` rolls.
     pub opened_at: Instant,
+    /// The whole file memory-mapped, made on the first read after the segment is sealed.
+    pub map: std::cell::RefCell<Option<Bytes>>,
 }
 
 impl Segment {
@@ -60,6 +64,7 @@ impl Segment {
             size: 0,
             index: BatchIndex::default(),
             opened_at: Instant::now(),
+            map: Default::default(),
         })
     }
 
@@ -165,6 +170,7 @@ impl Segment {
                 size: valid,
                 index,
                 opened_at: Instant::now(),
+                map: Default::default(),
             },
             truncated,
         ))
@@ -192,7 +198,33 @@ impl Segment {
             size,
             index,
             opened_at: Instant::now(),
+            map: Default::default(),
         })
+    }
+
+    /// The sealed segment's bytes as one zero-copy `Bytes` over a read-only memory mapping,
+    /// mapped on first use. Only for sealed segments: the file must not grow or shrink while
+    /// mapped (see `PartitionLog::read`).
+    pub fn mapped(&self) -> Result<Option<Bytes>, StorageError> {
+        if let Some(m) = self.map.borrow().as_ref() {
+            return Ok(Some(m.clone()));
+        }
+        if self.size == 0 {
+            return Ok(None);
+        }
+        let file = std::fs::File::open(&self.path)
+            .map_err(|e| StorageError::io("opening segment for mapping", &self.path, e))?;
+        // SAFETY: sealed segments are never modified in place while kaas runs; the mapping is
+        // read-only and only the first `size` bytes (whole, verified batches) are ever sliced.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(self.size as usize)
+                .map(&file)
+        }
+        .map_err(|e| StorageError::io("mapping segment", &self.path, e))?;
+        let bytes = Bytes::from_owner(map);
+        *self.map.borrow_mut() = Some(bytes.clone());
+        Ok(Some(bytes))
     }
 
     /// The offset after the last batch in this segment (its base offset when empty).

@@ -173,3 +173,97 @@ fn roll_and_delete_records() {
         assert_eq!(log.log_start_offset(), 15);
     });
 }
+
+// Compaction keeps only the latest record of each key in sealed segments (offsets unchanged,
+// tombstones past delete.retention.ms dropped), leaves the active segment alone, and the log
+// reopens to the same content.
+#[test]
+fn compaction_keeps_latest_per_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let cfg = LogConfig {
+            segment_bytes: 300,
+            compact_enabled: true,
+            delete_enabled: false,
+            delete_retention_ms: 0,
+            ..LogConfig::default()
+        };
+        let log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        let mut expected_last: std::collections::BTreeMap<String, i64> = Default::default();
+        for i in 0..60i64 {
+            let key = format!("k{}", i % 5);
+            let tombstone = i == 57; // k2's newest record is a tombstone
+            let v = format!("v{i}");
+            let recs: Vec<kaas_wire::batch::RecordKv> = vec![(
+                Some(key.as_bytes()),
+                if tombstone { None } else { Some(v.as_bytes()) },
+            )];
+            let b = build_batch(
+                BatchSpec {
+                    timestamp: 1,
+                    ..Default::default()
+                },
+                &recs,
+            );
+            let out = append(&log, &b).await;
+            expected_last.insert(key, out.base_offset());
+        }
+        let before_end = log.log_end_offset();
+        let n = log.compact(i64::MAX / 2).await.unwrap();
+        assert!(n > 0, "nothing was compacted");
+        assert_eq!(log.log_end_offset(), before_end);
+        // Read everything back: per key, only the latest survives in sealed segments.
+        let mut seen: Vec<(i64, String)> = Vec::new();
+        let mut off = 0;
+        while off < log.log_end_offset() {
+            let r = log.read(off, 1 << 20).await.unwrap();
+            let mut at = 0;
+            while at < r.records.len() {
+                let h = kaas_wire::batch::verify_batch(&r.records[at..]).unwrap();
+                let b = &r.records[at..at + h.total_len()];
+                for rec in kaas_storage::compaction_records(b).unwrap() {
+                    seen.push((rec.0, rec.1));
+                }
+                off = h.last_offset() + 1;
+                at += h.total_len();
+            }
+        }
+        // Every record older than its key's newest lies in the active segment (never compacted).
+        let active_base = std::fs::read_dir(&path)
+            .unwrap()
+            .filter_map(|e| {
+                e.unwrap()
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".log"))
+                    .and_then(|n| n.split('-').next())
+                    .and_then(|b| b.parse::<i64>().ok())
+            })
+            .max()
+            .unwrap();
+        assert!(active_base > 20, "the log should have rolled many segments");
+        for (key, last) in &expected_last {
+            let offsets: Vec<i64> = seen
+                .iter()
+                .filter(|(_, k)| k == key)
+                .map(|(o, _)| *o)
+                .collect();
+            assert!(
+                offsets.contains(last) || *last >= active_base,
+                "{key}: newest offset {last} missing from {offsets:?}"
+            );
+            for o in &offsets {
+                assert!(o == last || *o >= active_base, "{key}: superseded offset {o} survived compaction (active segment starts at {active_base})");
+            }
+        }
+        // Offsets only increase and the log reopens identically.
+        assert!(seen.windows(2).all(|w| w[0].0 < w[1].0));
+        log.close().await.unwrap();
+        drop(log);
+        let log = PartitionLog::open(path, cfg, LeaderEpoch(0)).await.unwrap();
+        assert_eq!(log.log_end_offset(), before_end);
+    });
+}

@@ -9,6 +9,7 @@
 pub mod batch;
 pub mod codec;
 pub mod error;
+pub mod fetch_frame;
 pub mod frame;
 pub mod versions;
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kaas_wire::kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kaas_wire::kafka_protocol::messages::{FetchRequest, FetchResponse};
+use kaas_wire::fetch_frame::{FetchPartitionOut, FetchResponseOut, FetchTopicOut};
+use kaas_wire::kafka_protocol::messages::FetchRequest;
 
 use super::per_partition;
 use crate::catalog::TopicMeta;
@@ -44,7 +44,7 @@ struct Wanted {
     max_bytes: usize,
 }
 
-pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchResponse {
+pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchResponseOut {
     let started = Instant::now();
     let max_wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
     let min_bytes = req.min_bytes.max(0) as usize;
@@ -69,11 +69,11 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
         } else {
             errors::UNKNOWN_TOPIC_OR_PARTITION
         };
-        let mut out = FetchableTopicResponse::default().with_topic_id(t.topic_id);
-        if !uses_ids {
-            out = out.with_topic(t.topic.clone());
-        }
-        topics_out.push(out);
+        topics_out.push(FetchTopicOut {
+            name: t.topic.to_string(),
+            topic_id: *t.topic_id.as_bytes(),
+            partitions: Vec::new(),
+        });
         for p in &t.partitions {
             let (meta, error) = match &meta {
                 None => (None, missing),
@@ -124,19 +124,22 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
         } else {
             -1
         };
-        topics_out[w.topic_index].partitions.push(
-            PartitionData::default()
-                .with_partition_index(w.partition)
-                .with_error_code(r.error_code)
-                .with_high_watermark(r.high_watermark)
-                .with_last_stable_offset(lso)
-                .with_log_start_offset(r.log_start_offset)
-                .with_records(Some(records)),
-        );
+        topics_out[w.topic_index]
+            .partitions
+            .push(FetchPartitionOut {
+                partition_index: w.partition,
+                error_code: r.error_code,
+                high_watermark: r.high_watermark,
+                last_stable_offset: lso,
+                log_start_offset: r.log_start_offset,
+                records,
+            });
     }
-    FetchResponse::default()
-        .with_responses(topics_out)
-        .with_session_id(0)
+    // Session id 0: kaas keeps no fetch sessions, so clients send full requests (KIP-227).
+    FetchResponseOut {
+        topics: topics_out,
+        ..Default::default()
+    }
 }
 
 async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted]) -> Vec<PartRead> {

@@ -14,8 +14,8 @@ use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use kaas_wire::codec::{encode_response, Request};
+use kaas_wire::fetch_frame::{encode_fetch_response, ResponseFrame};
 use kaas_wire::kafka_protocol::messages::{RequestKind, ResponseKind};
 use kaas_wire::versions;
 
@@ -25,7 +25,7 @@ use crate::mesh::on_shard;
 use crate::shard::Shard;
 
 /// Serves one request and encodes its response; `None` when no response is due (acks=0).
-pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<Bytes> {
+pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<ResponseFrame> {
     let version = request.version();
     let correlation_id = request.correlation_id();
     let api_key = request.api_key;
@@ -43,7 +43,11 @@ pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<Bytes> {
             ResponseKind::DescribeTopicPartitions(metadata::describe_topic_partitions(shard, r))
         }
         RequestKind::Produce(r) => ResponseKind::Produce(produce::produce(shard, r).await?),
-        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::fetch(shard, r, version).await),
+        RequestKind::Fetch(r) => {
+            // Framed by hand so record bytes go to the socket without being copied.
+            let out = fetch::fetch(shard, r, version).await;
+            return Some(encode_fetch_response(correlation_id, version, &out));
+        }
         RequestKind::ListOffsets(r) => {
             ResponseKind::ListOffsets(offsets::list_offsets(shard, r, version).await)
         }
@@ -123,7 +127,7 @@ pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<Bytes> {
         }
     };
     match encode_response(correlation_id, api_key, version, &response) {
-        Ok(bytes) => Some(bytes),
+        Ok(bytes) => Some(ResponseFrame::single(bytes)),
         Err(e) => {
             tracing::error!(api = ?api_key, version, error = %e, "could not encode a response; closing the client's view of this request");
             shard.probe.count_error(api_key as i16);
