@@ -697,6 +697,11 @@ def test_consumer_groups_tool(broker, tool, protocol):
         g.close()
     wait_until(lambda: "Empty" in tool(*bs, "--describe", "--group", group, "--state"), 30,
                "the group to be empty", interval=0.5)
+    # ListGroups with a state filter.
+    listed = tool(*bs, "--list", "--state", "Empty")
+    assert any(line.split()[:1] == [group] and "Empty" in line for line in listed.splitlines()), \
+        listed
+    assert group not in tool(*bs, "--list", "--state", "Stable").split()
     out = tool(*bs, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest",
                "--execute")
     assert topic in out
