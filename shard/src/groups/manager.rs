@@ -417,14 +417,28 @@ impl GroupManager {
         }
     }
 
-    /// Runs the named server assignor (`None` for an unknown name).
+    /// Runs the named server assignor (`None` for an unknown name). The input comes from
+    /// clients (subscriptions, racks), so a panic inside an assignor is caught and logged
+    /// rather than allowed to take the shard down; the caller then falls back.
     pub fn run_assignor(
         &self,
         name: &str,
         members: &[MemberSpec],
         topics: &BTreeMap<String, TopicSpec>,
     ) -> Option<GroupAssignment> {
-        assignor::by_name(name, self.config.rack_aware_weights).map(|a| a.assign(members, topics))
+        let a = assignor::by_name(name, self.config.rack_aware_weights)?;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.assign(members, topics))) {
+            Ok(r) => Some(r),
+            Err(_) => {
+                tracing::error!(
+                    assignor = name,
+                    members = members.len(),
+                    topics = topics.len(),
+                    "server assignor panicked; falling back"
+                );
+                None
+            }
+        }
     }
 
     pub fn known_assignor(&self, name: &str) -> bool {
