@@ -146,10 +146,9 @@ impl GroupManager {
             dirs.sort();
             for dir in dirs {
                 let Ok(raw) = std::fs::read(dir.join(GROUP_ID_FILE)) else {
-                    // Created but never committed to (crash between mkdir and the id file).
-                    if self.shard_id == 0 {
-                        let _ = std::fs::remove_dir_all(&dir);
-                    }
+                    // Created but never committed to (a crash between mkdir and the id file),
+                    // or being created right now by another shard that already serves: never
+                    // acknowledged anything, so it is skipped, not removed.
                     continue;
                 };
                 let Ok(group_id) = String::from_utf8(raw) else {
