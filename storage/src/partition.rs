@@ -747,37 +747,81 @@ impl PartitionLog {
         .await;
     }
 
-    /// The first batch whose max timestamp is at or after `timestamp` (batch granularity, as
-    /// Kafka's time index; the offset is the batch's base offset).
-    pub fn offset_for_timestamp(&self, timestamp: i64) -> Option<TimestampLookup> {
-        let st = self.state.borrow();
-        for seg in &st.segments {
-            if let Some(i) = seg.index.find_timestamp(timestamp) {
-                let e = seg.index.entries()[i];
-                let offset = e.base_offset.max(st.log_start_offset);
-                return Some(TimestampLookup {
-                    offset,
-                    timestamp: e.max_timestamp,
-                    leader_epoch: e.leader_epoch,
-                });
-            }
-        }
-        None
-    }
-
-    /// The record with the largest timestamp (ListOffsets MAX_TIMESTAMP): the last record of the
-    /// batch with the largest max timestamp.
-    pub fn max_timestamp(&self) -> Option<TimestampLookup> {
-        let st = self.state.borrow();
-        st.segments
-            .iter()
-            .filter_map(|s| s.index.max_timestamp().copied())
-            .max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
-            .map(|e| TimestampLookup {
-                offset: e.last_offset,
+    /// ListOffsets by timestamp: the first record whose timestamp is at or after `timestamp`.
+    /// The batch index finds the batch (its max timestamp is the first to reach the target);
+    /// the batch's records then give the exact offset. A compressed batch is answered at batch
+    /// granularity (its base offset), since reading its records would mean decompressing.
+    pub async fn offset_for_timestamp(
+        &self,
+        timestamp: i64,
+    ) -> Result<Option<TimestampLookup>, StorageError> {
+        let found = {
+            let st = self.state.borrow();
+            st.segments.iter().find_map(|seg| {
+                seg.index
+                    .find_timestamp(timestamp)
+                    .map(|i| seg.index.entries()[i])
+            })
+        };
+        let Some(e) = found else { return Ok(None) };
+        let start = self.log_start_offset();
+        let bytes = self.read_batch(e.base_offset).await?;
+        let exact = bytes
+            .as_deref()
+            .and_then(compaction::records)
+            .and_then(|recs| {
+                recs.into_iter()
+                    .find(|r| r.timestamp >= timestamp && r.offset >= start)
+            });
+        Ok(Some(match exact {
+            Some(r) => TimestampLookup {
+                offset: r.offset,
+                timestamp: r.timestamp,
+                leader_epoch: e.leader_epoch,
+            },
+            None => TimestampLookup {
+                offset: e.base_offset.max(start),
                 timestamp: e.max_timestamp,
                 leader_epoch: e.leader_epoch,
-            })
+            },
+        }))
+    }
+
+    /// ListOffsets MAX_TIMESTAMP: the first record carrying the largest timestamp (as Kafka
+    /// records it), found inside the batch with the largest max timestamp.
+    pub async fn max_timestamp(&self) -> Result<Option<TimestampLookup>, StorageError> {
+        let found = {
+            let st = self.state.borrow();
+            st.segments
+                .iter()
+                .filter_map(|s| s.index.max_timestamp().copied())
+                .max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
+        };
+        let Some(e) = found else { return Ok(None) };
+        let bytes = self.read_batch(e.base_offset).await?;
+        let exact = bytes
+            .as_deref()
+            .and_then(compaction::records)
+            .and_then(|recs| recs.into_iter().find(|r| r.timestamp == e.max_timestamp));
+        Ok(Some(TimestampLookup {
+            offset: exact.map(|r| r.offset).unwrap_or(e.last_offset),
+            timestamp: e.max_timestamp,
+            leader_epoch: e.leader_epoch,
+        }))
+    }
+
+    /// The bytes of the single batch starting at `base_offset`, if it is still in the log.
+    async fn read_batch(&self, base_offset: i64) -> Result<Option<Bytes>, StorageError> {
+        if base_offset < self.log_start_offset() {
+            return Ok(None);
+        }
+        let r = self.read(base_offset, 1).await?;
+        Ok((!r.records.is_empty()).then(|| {
+            let len = batch::peek_header(&r.records)
+                .map(|h| h.total_len())
+                .unwrap_or(r.records.len());
+            r.records.slice(..len.min(r.records.len()))
+        }))
     }
 
     /// OffsetForLeaderEpoch: the largest epoch ≤ `epoch` present in the log and the offset where

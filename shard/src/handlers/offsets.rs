@@ -147,35 +147,30 @@ async fn lookup(
     match timestamp {
         LATEST => at(log.high_watermark()),
         EARLIEST | EARLIEST_LOCAL => at(log.log_start_offset()),
-        MAX_TIMESTAMP => match log.max_timestamp() {
-            Some(l) => OffsetAnswer {
-                error_code: errors::NONE,
-                timestamp: l.timestamp,
-                offset: l.offset,
-                leader_epoch: l.leader_epoch,
-            },
-            None => OffsetAnswer {
-                error_code: errors::NONE,
-                timestamp: -1,
-                offset: -1,
-                leader_epoch: -1,
-            },
-        },
-        ts if ts >= 0 => match log.offset_for_timestamp(ts) {
-            Some(l) => OffsetAnswer {
-                error_code: errors::NONE,
-                timestamp: l.timestamp,
-                offset: l.offset,
-                leader_epoch: l.leader_epoch,
-            },
-            None => OffsetAnswer {
-                error_code: errors::NONE,
-                timestamp: -1,
-                offset: -1,
-                leader_epoch: -1,
-            },
-        },
+        MAX_TIMESTAMP => found(log.max_timestamp().await),
+        ts if ts >= 0 => found(log.offset_for_timestamp(ts).await),
         _ => OffsetAnswer::error(errors::INVALID_REQUEST),
+    }
+}
+
+/// A timestamp lookup's answer: the record found, offset -1 when none qualifies.
+fn found(
+    r: Result<Option<kaas_storage::TimestampLookup>, kaas_storage::StorageError>,
+) -> OffsetAnswer {
+    match r {
+        Ok(Some(l)) => OffsetAnswer {
+            error_code: errors::NONE,
+            timestamp: l.timestamp,
+            offset: l.offset,
+            leader_epoch: l.leader_epoch,
+        },
+        Ok(None) => OffsetAnswer {
+            error_code: errors::NONE,
+            timestamp: -1,
+            offset: -1,
+            leader_epoch: -1,
+        },
+        Err(e) => OffsetAnswer::error(errors::storage(&e)),
     }
 }
 
