@@ -148,6 +148,33 @@ def test_config_command_describes_broker(broker, tool):
     assert len(entries) >= 3, out
 
 
+def test_config_command_alters_broker_defaults(broker, tool):
+    """kafka-configs --entity-type brokers --entity-default --alter sets a dynamic broker
+    default (log.retention.ms) that topics without their own value inherit, describes it, and
+    deletes it; an unknown broker config is refused with a reason."""
+    bs = ["--bootstrap-server", broker.bootstrap]
+    topic = unique_topic("tools-brk")
+    tool(TOPIC_COMMAND, *bs, "--create", "--topic", topic, "--partitions", 1, "--replication-factor", 1)
+    ent = ["--entity-type", "brokers", "--entity-default"]
+    _, out, _ = tool("ConfigCommand", *bs, *ent, "--alter", "--add-config", "log.retention.ms=3600000")
+    assert "Completed updating default config for brokers in the cluster." in out, out
+
+    def topic_retention():
+        _, out, _ = tool("ConfigCommand", *bs, "--entity-type", "topics", "--entity-name", topic, "--describe", "--all")
+        m = re.search(r"^\s+retention.ms=(\S*) sensitive=\S+ synonyms=\{?([^\n]*)", out, re.M)
+        return m.group(1) if m else out
+
+    assert wait_for(lambda: topic_retention() == "3600000"), topic_retention()
+    _, out, _ = tool("ConfigCommand", *bs, *ent, "--describe")
+    assert "log.retention.ms=3600000" in out, out
+
+    rc, out, err = tool("ConfigCommand", *bs, *ent, "--alter", "--add-config", "num.io.threads=4", check=False)
+    assert rc != 0 and "cannot be changed at run time" in (out + err), (rc, out, err)
+
+    tool("ConfigCommand", *bs, *ent, "--alter", "--delete-config", "log.retention.ms")
+    assert wait_for(lambda: topic_retention() == "604800000"), topic_retention()
+
+
 def test_console_producer_consumer(broker, tool):
     """kafka-console-producer writes 1000 keyed lines (acks=all, idempotent);
     kafka-console-consumer --partition 0 --offset earliest (no group) prints them back with

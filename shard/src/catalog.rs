@@ -116,6 +116,9 @@ pub struct Catalog {
     admin: Mutex<ClusterMeta>,
     next_producer_id: AtomicI64,
     cluster_id: String,
+    /// Dynamic broker configs (Kafka's names, e.g. `log.retention.ms`), set through
+    /// AlterConfigs on the broker resource; they are the defaults of topic configs.
+    broker_configs: ArcSwap<BTreeMap<String, String>>,
 }
 
 fn store_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CatalogError> {
@@ -155,7 +158,14 @@ impl Catalog {
         meta.producer_id_limit = next + PRODUCER_ID_BLOCK;
         store_json(&cluster_path, &meta)?;
         let cluster_id = meta.cluster_id.clone();
+        let broker_path = dir.join("broker-configs.json");
+        let broker_configs: BTreeMap<String, String> = match std::fs::read(&broker_path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(&broker_path, &e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(err(&broker_path, &e)),
+        };
         Ok(Catalog {
+            broker_configs: ArcSwap::from_pointee(broker_configs),
             dir,
             table: ArcSwap::from_pointee(table),
             admin: Mutex::new(meta),
@@ -304,6 +314,29 @@ impl Catalog {
             t.topics.insert(name.to_string(), meta.clone());
             Ok(meta)
         })
+    }
+
+    /// The dynamic broker configs. Lock-free.
+    pub fn broker_configs(&self) -> Arc<BTreeMap<String, String>> {
+        self.broker_configs.load_full()
+    }
+
+    /// Replaces the dynamic broker configs after validating every entry.
+    pub fn set_broker_configs(
+        &self,
+        configs: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<(), CatalogError> {
+        for (k, v) in &configs {
+            topic_config::validate_broker(k, v).map_err(CatalogError::InvalidConfig)?;
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        store_json(&self.dir.join("broker-configs.json"), &configs)?;
+        self.broker_configs.store(Arc::new(configs));
+        Ok(())
     }
 
     /// A fresh producer id for InitProducerId. Lock-free except when a block runs out.

@@ -118,7 +118,7 @@ impl Shard {
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let log = PartitionLog::open(
             dir,
-            topic_config::log_config(&topic.configs),
+            topic_config::log_config(&topic.configs, &self.catalog.broker_configs()),
             LeaderEpoch(0),
         )
         .await?;
@@ -137,9 +137,17 @@ impl Shard {
             .and_then(|s| s.log.borrow().clone())
     }
 
+    /// Re-applies every topic's effective configs to the open logs on this shard (after the
+    /// broker's dynamic defaults changed).
+    pub fn apply_all_topic_configs(&self) {
+        for topic in self.catalog.snapshot().topics.values() {
+            self.apply_topic_config(topic);
+        }
+    }
+
     /// Applies a topic's new configs to its open logs on this shard.
     pub fn apply_topic_config(&self, topic: &TopicMeta) {
-        let cfg = topic_config::log_config(&topic.configs);
+        let cfg = topic_config::log_config(&topic.configs, &self.catalog.broker_configs());
         for ((id, _), slot) in self.partitions.borrow().iter() {
             if *id == topic.id {
                 if let Some(log) = slot.log.borrow().as_ref() {

@@ -200,6 +200,65 @@ pub fn validate(name: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Broker configs (Kafka's names) that set the default of a topic config, as
+/// `kafka-configs --entity-type brokers --entity-default --alter` does in Kafka.
+pub const BROKER_DEFAULTS: &[(&str, &str)] = &[
+    ("log.retention.ms", "retention.ms"),
+    ("log.retention.bytes", "retention.bytes"),
+    ("log.segment.bytes", "segment.bytes"),
+    ("log.roll.ms", "segment.ms"),
+    ("log.cleanup.policy", "cleanup.policy"),
+    ("message.max.bytes", "max.message.bytes"),
+    ("log.flush.interval.ms", "flush.ms"),
+    ("log.flush.interval.messages", "flush.messages"),
+    ("compression.type", "compression.type"),
+    ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
+    ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
+];
+
+/// The topic config a dynamic broker config sets the default of.
+pub fn topic_key_for_broker(name: &str) -> Option<&'static str> {
+    BROKER_DEFAULTS
+        .iter()
+        .find(|(b, _)| *b == name)
+        .map(|(_, t)| *t)
+}
+
+/// Validates a dynamic broker config by the rules of the topic config it sets.
+pub fn validate_broker(name: &str, value: &str) -> Result<(), String> {
+    let topic_key = topic_key_for_broker(name).ok_or_else(|| {
+        let known: Vec<&str> = BROKER_DEFAULTS.iter().map(|(b, _)| *b).collect();
+        format!("Broker config {name} cannot be changed at run time in kaas; dynamic broker configs are: {}", known.join(", "))
+    })?;
+    validate(topic_key, value).map_err(|e| e.replace(topic_key, name))
+}
+
+/// Where a topic config's effective value comes from (DescribeConfigs `config_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Topic = 1,
+    DynamicBrokerDefault = 3,
+    Default = 5,
+}
+
+/// The effective value of topic config `name`: the topic's override, else the broker's
+/// dynamic default for it, else the built-in default.
+pub fn resolve<'a>(
+    topic: &'a BTreeMap<String, String>,
+    broker: &'a BTreeMap<String, String>,
+    name: &str,
+) -> Option<(&'a str, Source)> {
+    if let Some(v) = topic.get(name) {
+        return Some((v.as_str(), Source::Topic));
+    }
+    if let Some((b, _)) = BROKER_DEFAULTS.iter().find(|(_, t)| *t == name) {
+        if let Some(v) = broker.get(*b) {
+            return Some((v.as_str(), Source::DynamicBrokerDefault));
+        }
+    }
+    lookup(name).map(|d| (d.default, Source::Default))
+}
+
 /// The effective value of `name` for a topic with overrides `overrides`.
 pub fn effective<'a>(overrides: &'a BTreeMap<String, String>, name: &str) -> Option<&'a str> {
     overrides
@@ -208,33 +267,38 @@ pub fn effective<'a>(overrides: &'a BTreeMap<String, String>, name: &str) -> Opt
         .or_else(|| lookup(name).map(|d| d.default))
 }
 
-fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
-    effective(overrides, name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The log engine settings a topic's configs imply.
-pub fn log_config(overrides: &BTreeMap<String, String>) -> LogConfig {
-    let policy = effective(overrides, "cleanup.policy").unwrap_or("delete");
+/// The log engine settings a topic's configs imply, with the broker's dynamic defaults.
+pub fn log_config(
+    topic: &BTreeMap<String, String>,
+    broker: &BTreeMap<String, String>,
+) -> LogConfig {
+    let get = |name: &str| resolve(topic, broker, name).map(|(v, _)| v).unwrap_or("");
+    let number = |name: &str| get(name).parse::<i64>().unwrap_or(0);
+    let policy = get("cleanup.policy");
     LogConfig {
-        segment_bytes: number(overrides, "segment.bytes").max(14) as u64,
-        segment_ms: number(overrides, "segment.ms").max(1) as u64,
-        retention_ms: number(overrides, "retention.ms"),
-        retention_bytes: number(overrides, "retention.bytes"),
+        segment_bytes: number("segment.bytes").max(14) as u64,
+        segment_ms: number("segment.ms").max(1) as u64,
+        retention_ms: number("retention.ms"),
+        retention_bytes: number("retention.bytes"),
         delete_enabled: policy.split(',').any(|p| p.trim() == "delete"),
         compact_enabled: policy.split(',').any(|p| p.trim() == "compact"),
-        delete_retention_ms: number(overrides, "delete.retention.ms"),
-        min_compaction_lag_ms: number(overrides, "min.compaction.lag.ms"),
-        flush_ms: number(overrides, "flush.ms").max(0) as u64,
-        flush_messages: number(overrides, "flush.messages").max(1) as u64,
+        delete_retention_ms: number("delete.retention.ms"),
+        min_compaction_lag_ms: number("min.compaction.lag.ms"),
+        flush_ms: number("flush.ms").max(0) as u64,
+        flush_messages: number("flush.messages").max(1) as u64,
         ..LogConfig::default()
     }
 }
 
-/// `max.message.bytes` for the topic.
-pub fn max_message_bytes(overrides: &BTreeMap<String, String>) -> usize {
-    number(overrides, "max.message.bytes").max(0) as usize
+/// `max.message.bytes` for the topic (no allocation: it is read on every produce).
+pub fn max_message_bytes(
+    topic: &BTreeMap<String, String>,
+    broker: &BTreeMap<String, String>,
+) -> usize {
+    resolve(topic, broker, "max.message.bytes")
+        .and_then(|(v, _)| v.parse::<i64>().ok())
+        .unwrap_or(0)
+        .max(0) as usize
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics and the broker.
 //!
-//! Topic configs use Kafka's names and defaults (`topic_config`). Broker settings come from
-//! flags and environment at start and are reported read-only; changing one is refused with a
-//! message naming the flag, since kaas has no dynamic broker config store yet.
+//! Topic configs use Kafka's names and defaults (`topic_config`). Broker settings from flags
+//! and environment are reported read-only; the broker configs that set topic defaults
+//! (`log.retention.ms`, `log.segment.bytes`, ... see `topic_config::BROKER_DEFAULTS`) can be
+//! changed at run time and are stored with the topic catalog.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -17,7 +18,7 @@ use kaas_wire::kafka_protocol::messages::{
 };
 use kaas_wire::kafka_protocol::protocol::StrBytes;
 
-use super::admin::{broadcast_topic_config, SOURCE_DEFAULT, SOURCE_DYNAMIC_TOPIC};
+use super::admin::{broadcast_topic_config, SOURCE_DEFAULT};
 use crate::catalog::CatalogError;
 use crate::errors;
 use crate::shard::Shard;
@@ -38,6 +39,7 @@ fn s(v: &str) -> StrBytes {
 
 pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
     let snapshot = shard.catalog.snapshot();
+    let broker_dynamic = shard.catalog.broker_configs();
     let results = req
         .resources
         .iter()
@@ -63,10 +65,10 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                             .iter()
                             .filter(|d| wanted(d.name))
                             .map(|d| {
-                                let (value, source) = match t.configs.get(d.name) {
-                                    Some(v) => (v.as_str(), SOURCE_DYNAMIC_TOPIC),
-                                    None => (d.default, SOURCE_DEFAULT),
-                                };
+                                let (value, source) =
+                                    topic_config::resolve(&t.configs, &broker_dynamic, d.name)
+                                        .map(|(v, src)| (v, src as i8))
+                                        .unwrap_or((d.default, SOURCE_DEFAULT));
                                 entry(
                                     d.name,
                                     value,
@@ -89,13 +91,33 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                                 shard.config.broker_id
                             ))));
                     }
-                    base.with_configs(
+                    // Dynamic defaults first (source DYNAMIC_DEFAULT_BROKER_CONFIG), then the
+                    // static settings from flags, as Kafka lists them.
+                    let mut configs: Vec<_> = topic_config::BROKER_DEFAULTS
+                        .iter()
+                        .filter(|(n, _)| wanted(n))
+                        .filter_map(|(n, t)| {
+                            broker_dynamic.get(*n).map(|v| {
+                                entry(
+                                    n,
+                                    v,
+                                    topic_config::Source::DynamicBrokerDefault as i8,
+                                    topic_config::lookup(t)
+                                        .map(|d| d.kind)
+                                        .unwrap_or(ConfigType::String),
+                                    false,
+                                    None,
+                                )
+                            })
+                        })
+                        .collect();
+                    configs.extend(
                         broker_configs(shard)
                             .into_iter()
-                            .filter(|(n, _, _)| wanted(n))
-                            .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None))
-                            .collect(),
-                    )
+                            .filter(|(n, _, _)| wanted(n) && !broker_dynamic.contains_key(*n))
+                            .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None)),
+                    );
+                    base.with_configs(configs)
                 }
                 other => base
                     .with_error_code(errors::INVALID_REQUEST)
@@ -189,11 +211,39 @@ fn broker_configs(shard: &Shard) -> Vec<(&'static str, String, ConfigType)> {
     ]
 }
 
-fn broker_refusal(shard: &Shard) -> (i16, String) {
-    (
-        errors::INVALID_CONFIG,
-        format!("Broker {} settings are static in kaas: set them with command-line flags or KAAS_* environment variables and restart (see kaas --help)", shard.config.broker_id),
-    )
+/// Changes the dynamic broker configs (`--entity-type brokers`, for the default entity or this
+/// broker's id) and re-applies every topic's effective configs on every shard.
+async fn apply_broker(
+    shard: &Rc<Shard>,
+    resource_name: &str,
+    configs: BTreeMap<String, String>,
+    validate_only: bool,
+) -> Result<(), (i16, String)> {
+    if !resource_name.is_empty() && resource_name != shard.config.broker_id.to_string() {
+        return Err((
+            errors::INVALID_REQUEST,
+            format!(
+                "Broker {resource_name} is not this broker ({})",
+                shard.config.broker_id
+            ),
+        ));
+    }
+    shard
+        .catalog
+        .set_broker_configs(configs.clone(), validate_only)
+        .map_err(|e| (errors::catalog(&e), e.to_string()))?;
+    if !validate_only {
+        tracing::info!(?configs, "altered dynamic broker configs");
+        let everyone = (0..shard.nshards).map(|i| (i, ())).collect();
+        super::per_partition(
+            shard,
+            everyone,
+            |s, ()| async move { s.apply_all_topic_configs() },
+            (),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 /// AlterConfigs (legacy): the given set replaces all of a topic's overrides.
@@ -213,7 +263,18 @@ pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> Alter
                     .collect();
                 apply(shard, r.resource_name.as_str(), configs, req.validate_only).await
             }
-            RESOURCE_BROKER => Err(broker_refusal(shard)),
+            RESOURCE_BROKER => {
+                let configs: BTreeMap<String, String> = r
+                    .configs
+                    .iter()
+                    .filter_map(|c| {
+                        c.value
+                            .as_ref()
+                            .map(|v| (c.name.as_str().to_string(), v.as_str().to_string()))
+                    })
+                    .collect();
+                apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only).await
+            }
             other => Err((
                 errors::INVALID_REQUEST,
                 format!("Resource type {other} is not supported"),
@@ -247,60 +308,27 @@ pub async fn incremental_alter_configs(
                     errors::UNKNOWN_TOPIC_OR_PARTITION,
                     format!("Topic '{}' does not exist.", r.resource_name.as_str()),
                 )),
-                Some(t) => {
-                    let mut configs = t.configs.clone();
-                    let mut bad = None;
-                    for c in &r.configs {
-                        let name = c.name.as_str().to_string();
-                        let value = c
-                            .value
-                            .as_ref()
-                            .map(|v| v.as_str().to_string())
-                            .unwrap_or_default();
-                        match c.config_operation {
-                            OP_SET => {
-                                configs.insert(name, value);
-                            }
-                            OP_DELETE => {
-                                configs.remove(&name);
-                            }
-                            OP_APPEND | OP_SUBTRACT => {
-                                let current = topic_config::effective(&configs, &name)
-                                    .unwrap_or("")
-                                    .to_string();
-                                let mut items: Vec<String> = current
-                                    .split(',')
-                                    .filter(|x| !x.is_empty())
-                                    .map(|x| x.to_string())
-                                    .collect();
-                                for v in value.split(',').filter(|x| !x.is_empty()) {
-                                    if c.config_operation == OP_APPEND {
-                                        if !items.iter().any(|i| i == v) {
-                                            items.push(v.to_string());
-                                        }
-                                    } else {
-                                        items.retain(|i| i != v);
-                                    }
-                                }
-                                configs.insert(name, items.join(","));
-                            }
-                            op => {
-                                bad = Some((
-                                    errors::INVALID_REQUEST,
-                                    format!("Unknown config operation {op}"),
-                                ))
-                            }
-                        }
+                Some(t) => match apply_ops(&t.configs, &r.configs, |m, name| {
+                    topic_config::effective(m, name).unwrap_or("").to_string()
+                }) {
+                    Ok(configs) => {
+                        apply(shard, r.resource_name.as_str(), configs, req.validate_only).await
                     }
-                    match bad {
-                        Some(e) => Err(e),
-                        None => {
-                            apply(shard, r.resource_name.as_str(), configs, req.validate_only).await
-                        }
-                    }
-                }
+                    Err(e) => Err(e),
+                },
             },
-            RESOURCE_BROKER => Err(broker_refusal(shard)),
+            RESOURCE_BROKER => {
+                let current = shard.catalog.broker_configs();
+                match apply_ops(&current, &r.configs, |m, name| {
+                    m.get(name).cloned().unwrap_or_default()
+                }) {
+                    Ok(configs) => {
+                        apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             other => Err((
                 errors::INVALID_REQUEST,
                 format!("Resource type {other} is not supported"),
@@ -319,6 +347,57 @@ pub async fn incremental_alter_configs(
         );
     }
     IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+/// Applies IncrementalAlterConfigs operations to a config map. APPEND and SUBTRACT work on
+/// comma-separated lists, starting from the current effective value (`current_of`).
+fn apply_ops(
+    current: &BTreeMap<String, String>,
+    ops: &[kaas_wire::kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig],
+    current_of: impl Fn(&BTreeMap<String, String>, &str) -> String,
+) -> Result<BTreeMap<String, String>, (i16, String)> {
+    let mut configs = current.clone();
+    for c in ops {
+        let name = c.name.as_str().to_string();
+        let value = c
+            .value
+            .as_ref()
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
+        match c.config_operation {
+            OP_SET => {
+                configs.insert(name, value);
+            }
+            OP_DELETE => {
+                configs.remove(&name);
+            }
+            OP_APPEND | OP_SUBTRACT => {
+                let now = current_of(&configs, &name);
+                let mut items: Vec<String> = now
+                    .split(',')
+                    .filter(|x| !x.is_empty())
+                    .map(|x| x.to_string())
+                    .collect();
+                for v in value.split(',').filter(|x| !x.is_empty()) {
+                    if c.config_operation == OP_APPEND {
+                        if !items.iter().any(|i| i == v) {
+                            items.push(v.to_string());
+                        }
+                    } else {
+                        items.retain(|i| i != v);
+                    }
+                }
+                configs.insert(name, items.join(","));
+            }
+            op => {
+                return Err((
+                    errors::INVALID_REQUEST,
+                    format!("Unknown config operation {op}"),
+                ))
+            }
+        }
+    }
+    Ok(configs)
 }
 
 async fn apply(

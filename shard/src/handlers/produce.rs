@@ -139,7 +139,7 @@ async fn produce_partition(
             return PartResult::error(errors::batch(&e));
         }
     };
-    let max = topic_config::max_message_bytes(&meta.configs);
+    let max = topic_config::max_message_bytes(&meta.configs, &shard.catalog.broker_configs());
     if headers.iter().any(|h| h.total_len() > max) {
         return PartResult::error(errors::MESSAGE_TOO_LARGE);
     }
