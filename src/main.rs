@@ -4,6 +4,7 @@
 
 mod alloc;
 mod health_view;
+mod uring_check;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -174,6 +175,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         io_memory_bytes: args.io_memory_bytes,
         retention_check_interval_ms: args.retention_check_interval_ms,
     };
+    uring_check::check(args.io_memory_bytes, shards)?;
     let _lock = lock_data_dir(&args.data_dir)?;
     wait_for_free_port(args.listen)?;
     // Bind the health endpoint first so a port clash fails before any data is touched.
