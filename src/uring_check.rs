@@ -133,15 +133,24 @@ pub fn shortfall(shards: usize, env: &Env, cap_ipc_lock: bool) -> Option<String>
     if cap_ipc_lock || env.memlock == u64::MAX || env.memlock >= needed {
         return None;
     }
+    let lower = match suggested_io_memory(env.memlock, shards) {
+        s if s >= 65536 => format!(", or lower --io-memory-bytes to at most {s} bytes"),
+        _ => ", or run fewer shards".to_string(),
+    };
     Some(format!(
         "RLIMIT_MEMLOCK is {} but {shards} shards register {} of io_uring buffers ({} x 3 rings each, charged per \
          user id across processes): some shards will run without registered buffers (slower IO). Give the process \
-         CAP_IPC_LOCK, raise the memlock limit, or lower --io-memory-bytes to at most {} bytes",
+         CAP_IPC_LOCK, raise the memlock limit{lower}",
         mib(env.memlock),
         mib(needed),
         mib(env.buffer_bytes),
-        (env.memlock / RINGS_PER_SHARD / shards.max(1) as u64) / 4096 * 4096
     ))
+}
+
+/// The largest multiple of 64 KiB whose registrations fit `memlock` with 1 MiB left for the rings
+/// (recent kernels charge them too) — the sizing the Helm chart uses.
+fn suggested_io_memory(memlock: u64, shards: usize) -> u64 {
+    (memlock.saturating_sub(1 << 20) / RINGS_PER_SHARD / shards.max(1) as u64) & !0xffff
 }
 
 /// Value of a `Name:\tvalue` line of /proc/self/status.
@@ -421,8 +430,16 @@ mod tests {
         assert!(shortfall(1, &env(), false).is_none());
         let w = shortfall(2, &env(), false).unwrap();
         assert!(w.contains("12.0 MiB"), "{w}");
-        assert!(w.contains("1396736"), "{w}"); // 8 MiB / 6, page-aligned down
+        assert!(w.contains("at most 1179648 bytes"), "{w}"); // (8 MiB - 1 MiB) / 6, 64 KiB-aligned
         assert!(shortfall(2, &env(), true).is_none());
+        let small = Env {
+            memlock: 1 << 20,
+            buffer_bytes: 65536,
+            ..env()
+        };
+        assert!(shortfall(8, &small, false)
+            .unwrap()
+            .ends_with("or run fewer shards"));
         let unlimited = Env {
             memlock: u64::MAX,
             ..env()
