@@ -60,6 +60,9 @@ pub struct ConsumerMember {
     pub previous_member_epoch: i32,
     pub assigned: Assignment,
     pub pending_revocation: Assignment,
+    /// The member epoch at which each assigned partition was given to the member: a commit
+    /// sent at an older member epoch is still valid for partitions it owned since then.
+    assigned_at: HashMap<(Uuid, i32), i32>,
     session_deadline: Instant,
     revocation_deadline: Option<Instant>,
 }
@@ -393,6 +396,8 @@ impl ConsumerGroup {
                 self.owners.insert((*t, *p), member_id.to_string());
             }
         }
+        m.assigned_at
+            .retain(|(t, p), _| assigned.get(t).is_some_and(|ps| ps.contains(p)));
         m.assigned = assigned;
         m.pending_revocation = pending;
     }
@@ -482,6 +487,7 @@ impl ConsumerGroup {
                             previous_member_epoch: 0,
                             assigned: Assignment::new(),
                             pending_revocation: Assignment::new(),
+                            assigned_at: HashMap::new(),
                             session_deadline: env.now + session,
                             revocation_deadline: None,
                         },
@@ -721,6 +727,11 @@ impl ConsumerGroup {
             m.previous_member_epoch = m.member_epoch;
             m.member_epoch = new_epoch;
         }
+        for (t, ps) in &m.assigned {
+            for p in ps {
+                m.assigned_at.entry((*t, *p)).or_insert(new_epoch);
+            }
+        }
         if state == MemberState::UnrevokedPartitions {
             if m.state != MemberState::UnrevokedPartitions || m.revocation_deadline.is_none() {
                 m.revocation_deadline = Some(now + rebalance_timeout);
@@ -750,12 +761,17 @@ impl ConsumerGroup {
     }
 
     /// OffsetCommit: admin / standalone commits (epoch < 0) only while the group is empty;
-    /// members commit at their current epoch.
+    /// members commit at their current epoch, or at an older one for partitions they have
+    /// owned since that epoch (`partitions`: topic id, `None` for an unknown topic, and
+    /// partition). The older-epoch case is the commit that crossed the heartbeat answer moving
+    /// the member on: the member still owns those partitions, so the commit is no zombie's,
+    /// and refusing it would only surface a spurious CommitFailedException.
     pub fn validate_commit(
         &self,
         member_id: &str,
         member_epoch: i32,
         version: i16,
+        partitions: &[(Option<Uuid>, i32)],
     ) -> Result<(), GroupError> {
         if member_epoch < 0 && self.members.is_empty() {
             return Ok(());
@@ -770,6 +786,17 @@ impl ConsumerGroup {
             return Err(GroupError::UnsupportedVersion(
                 "OffsetCommit version 9 or above must be used by members using the consumer group protocol".into(),
             ));
+        }
+        let owned_since = |(t, p): &(Option<Uuid>, i32)| {
+            t.and_then(|t| m.assigned_at.get(&(t, *p)))
+                .is_some_and(|since| *since <= member_epoch)
+        };
+        if member_epoch >= 0
+            && member_epoch < m.member_epoch
+            && !partitions.is_empty()
+            && partitions.iter().all(owned_since)
+        {
+            return Ok(());
         }
         check_commit_epoch(m, member_epoch)
     }
@@ -786,16 +813,12 @@ impl ConsumerGroup {
     }
 }
 
+/// Commits and fetches at another epoch than the member's are STALE_MEMBER_EPOCH, as in Kafka
+/// (the member retries once its heartbeat brings the current epoch).
 fn check_commit_epoch(m: &ConsumerMember, epoch: i32) -> Result<(), GroupError> {
-    if epoch > m.member_epoch {
-        return Err(GroupError::FencedMemberEpoch(format!(
-            "The member epoch {epoch} is ahead of the coordinator's {}.",
-            m.member_epoch
-        )));
-    }
-    if epoch < m.member_epoch {
+    if epoch != m.member_epoch {
         return Err(GroupError::StaleMemberEpoch(format!(
-            "The member epoch {epoch} is behind the coordinator's {}.",
+            "The received member epoch {epoch} does not match the expected member epoch {}.",
             m.member_epoch
         )));
     }
@@ -968,6 +991,29 @@ mod tests {
         all.sort();
         assert_eq!(all, vec![0, 1, 2, 3]);
         assert_eq!(g.state_name(), "Stable");
+
+        // A commit sent at a's previous epoch (crossing the answer that moved it to epoch 2)
+        // is accepted for the partitions a has owned since epoch 1, not for revoked ones.
+        let topic = Uuid::from_u128(1);
+        let kept: Vec<(Option<Uuid>, i32)> = owned_of(&a2)
+            .into_iter()
+            .flat_map(|(t, ps)| ps.into_iter().map(move |p| (Some(t), p)))
+            .collect();
+        let revoked: Vec<(Option<Uuid>, i32)> = (0..4)
+            .filter(|p| !kept.contains(&(Some(topic), *p)))
+            .map(|p| (Some(topic), p))
+            .collect();
+        assert!(g.validate_commit("a", 1, 9, &kept).is_ok());
+        assert!(matches!(
+            g.validate_commit("a", 1, 9, &revoked),
+            Err(GroupError::StaleMemberEpoch(_))
+        ));
+        assert!(g.validate_commit("a", 1, 9, &[(None, 0)]).is_err());
+        assert!(
+            g.validate_commit("b", 1, 9, &revoked).is_err(),
+            "b got them at epoch 2"
+        );
+        assert!(g.validate_commit("b", 2, 9, &revoked).is_ok());
     }
 
     // A leaving member's partitions go to the others on their next heartbeat; a session that
@@ -1044,12 +1090,15 @@ mod tests {
         assert!(g
             .heartbeat(hb("a", a.member_epoch, &owned_of(&a)), &env(now, &t))
             .is_ok());
-        assert!(g.validate_commit("a", a.member_epoch, 9).is_ok());
+        assert!(g.validate_commit("a", a.member_epoch, 9, &[]).is_ok());
         assert!(matches!(
-            g.validate_commit("a", a.member_epoch - 1, 9),
+            g.validate_commit("a", a.member_epoch - 1, 9, &[]),
             Err(GroupError::StaleMemberEpoch(_))
         ));
-        assert!(g.validate_commit("", -1, 9).is_err(), "group not empty");
+        assert!(
+            g.validate_commit("", -1, 9, &[]).is_err(),
+            "group not empty"
+        );
     }
 
     // Regex subscriptions resolve against the topic table and follow topic creation.

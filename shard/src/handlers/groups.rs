@@ -602,7 +602,18 @@ async fn commit_on_owner(
             instance_id: instance.as_deref(),
             generation,
         }),
-        GroupKind::Consumer(c) => c.validate_commit(&member_id, generation, version),
+        GroupKind::Consumer(c) => {
+            let topics = s.catalog.snapshot();
+            let partitions: Vec<(Option<Uuid>, i32)> = req
+                .topics
+                .iter()
+                .flat_map(|t| {
+                    let id = topics.get(t.name.as_str()).map(|m| m.id);
+                    t.partitions.iter().map(move |p| (id, p.partition_index))
+                })
+                .collect();
+            c.validate_commit(&member_id, generation, version, &partitions)
+        }
     };
     if let Err(e) = validated {
         let c = errors::group(&e);
