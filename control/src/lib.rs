@@ -7,6 +7,8 @@
 //! The decision logic (`balancer`, `election`) is pure: observed state and time in, decisions
 //! out, so it is tested without sockets or clocks.
 
+pub mod assignment;
 pub mod balancer;
 pub mod election;
 pub mod health;
+pub mod heartbeat;

@@ -1,0 +1,277 @@
+//! The controller's side of the heartbeat: a tonic service over the [`BrokerRegistry`].
+//!
+//! Each broker stream gets a task that records incoming statuses and sends the controller's
+//! pushes. Pushes use `try_send` into a small per-stream buffer: a broker that stops reading must
+//! not stall the controller, and losing a PING or an ASSIGNMENT_CHANGED is harmless — the broker
+//! also polls `assignment.json` every second, and a stream that stays silent is re-dialled.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kaas_proto::heartbeat::controller_message::Kind;
+use kaas_proto::heartbeat::heartbeat_server::{Heartbeat, HeartbeatServer as GrpcServer};
+use kaas_proto::heartbeat::{AssignmentChanged, BrokerStatus, ControllerMessage, Ping};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::BrokerRegistry;
+use crate::assignment::BrokerEntry;
+use crate::balancer::{AliveBrokers, BrokerId};
+
+/// Timings of the controller's side.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// How often each stream gets a PING, and how often the alive set is re-evaluated so that
+    /// silent brokers age out (SPEC: 1 s).
+    pub ping_interval: Duration,
+    /// How long after its last status a broker stays in the alive set. Statuses come every
+    /// second, so the default of 5 s tolerates a few lost ones and a quick re-dial.
+    pub alive_timeout: Duration,
+    /// The controller itself (id, rack), always in the alive set.
+    pub pinned: Option<(BrokerId, Option<String>)>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_secs(1),
+            alive_timeout: Duration::from_secs(5),
+            pinned: None,
+        }
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    registry: Mutex<BrokerRegistry>,
+    alive: watch::Sender<AliveBrokers>,
+    controller_epoch: AtomicU64,
+    /// The latest `(assignment_version, controller_epoch)` announced; every stream pushes it
+    /// when it changes, and a newly connected stream gets it at once.
+    announced: watch::Sender<Option<(u64, u64)>>,
+    next_stream: AtomicU64,
+    /// Set when [`HeartbeatServer::serve`]'s shutdown fires: every stream task ends, so the
+    /// graceful shutdown (which waits for open streams) completes and brokers re-dial at once.
+    closing: watch::Sender<bool>,
+}
+
+impl Shared {
+    /// Re-evaluates the alive set and notifies watchers only if it changed.
+    fn refresh(&self, now: Instant) {
+        let alive = self
+            .registry
+            .lock()
+            .expect("registry lock")
+            .alive(now, self.config.alive_timeout);
+        self.alive.send_if_modified(|current| {
+            if *current == alive {
+                false
+            } else {
+                *current = alive;
+                true
+            }
+        });
+    }
+
+    fn record(&self, stream: u64, status: BrokerStatus) {
+        let now = Instant::now();
+        let recorded = self
+            .registry
+            .lock()
+            .expect("registry lock")
+            .record(stream, status, now);
+        if recorded {
+            self.refresh(now);
+        }
+    }
+
+    fn ping(&self) -> ControllerMessage {
+        ControllerMessage {
+            kind: Some(Kind::Ping(Ping {
+                controller_epoch: self.controller_epoch.load(Ordering::Acquire),
+            })),
+        }
+    }
+}
+
+/// The controller's heartbeat endpoint. Cheap to clone; all clones share one registry.
+#[derive(Clone)]
+pub struct HeartbeatServer {
+    shared: Arc<Shared>,
+}
+
+impl HeartbeatServer {
+    /// A server for a controller holding the Lease at `controller_epoch`.
+    pub fn new(config: ServerConfig, controller_epoch: u64) -> Self {
+        let initial =
+            BrokerRegistry::new(config.pinned.clone()).alive(Instant::now(), config.alive_timeout);
+        Self {
+            shared: Arc::new(Shared {
+                registry: Mutex::new(BrokerRegistry::new(config.pinned.clone())),
+                config,
+                alive: watch::channel(initial).0,
+                controller_epoch: AtomicU64::new(controller_epoch),
+                announced: watch::channel(None).0,
+                next_stream: AtomicU64::new(1),
+                closing: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// The alive set, updated when a status changes it and when a broker ages out.
+    pub fn alive(&self) -> watch::Receiver<AliveBrokers> {
+        self.shared.alive.subscribe()
+    }
+
+    /// Re-evaluates the alive set now (the serve loop does this every `ping_interval`).
+    pub fn refresh(&self) {
+        self.shared.refresh(Instant::now());
+    }
+
+    /// A copy of the registry, e.g. to build the `brokers` rows of the next assignment.
+    pub fn registry(&self) -> BrokerRegistry {
+        self.shared.registry.lock().expect("registry lock").clone()
+    }
+
+    /// The `brokers` rows for the next `assignment.json` (see [`BrokerRegistry::broker_rows`]).
+    pub fn broker_rows(&self, previous: &[BrokerEntry]) -> Vec<BrokerEntry> {
+        self.shared
+            .registry
+            .lock()
+            .expect("registry lock")
+            .broker_rows(previous, Instant::now(), self.shared.config.alive_timeout)
+    }
+
+    /// Sets the epoch carried by PING and ASSIGNMENT_CHANGED (after a Lease renewal reports a
+    /// new one; normally it never changes while this server runs).
+    pub fn set_controller_epoch(&self, epoch: u64) {
+        self.shared.controller_epoch.store(epoch, Ordering::Release);
+    }
+
+    /// Pushes ASSIGNMENT_CHANGED to every connected broker. Call it right after
+    /// `write_assignment` returned, so the brokers re-read a file that is already durable.
+    /// Brokers that connect later get the latest announcement as soon as they connect.
+    pub fn assignment_changed(&self, assignment_version: u64) {
+        let epoch = self.shared.controller_epoch.load(Ordering::Acquire);
+        self.shared
+            .announced
+            .send_replace(Some((assignment_version, epoch)));
+    }
+
+    /// The tonic service, for callers that build their own `tonic::transport::Server`. They must
+    /// then call [`Self::refresh`] periodically (or run [`Self::age_loop`]) so silent brokers age
+    /// out.
+    pub fn service(&self) -> GrpcServer<Self> {
+        GrpcServer::new(self.clone())
+    }
+
+    /// Ends every open broker stream (and any opened later). A controller that steps down
+    /// calls this (`serve` does on shutdown) so its brokers notice at once instead of after the
+    /// silence timeout.
+    pub fn close_streams(&self) {
+        self.shared.closing.send_replace(true);
+    }
+
+    /// Re-evaluates the alive set every `ping_interval`, forever.
+    pub async fn age_loop(&self) {
+        let mut tick = tokio::time::interval(self.shared.config.ping_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.refresh();
+        }
+    }
+
+    /// Serves heartbeats on `listener` until `shutdown` completes, aging brokers out meanwhile.
+    ///
+    /// HTTP/2 keepalives (1 s, 3 s timeout) close streams of brokers that vanished without a
+    /// FIN, so their tasks end promptly.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), tonic::transport::Error> {
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(1)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+            .add_service(self.service())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                shutdown.await;
+                self.close_streams();
+            });
+        tokio::select! {
+            result = server => result,
+            _ = self.age_loop() => unreachable!("age_loop never returns"),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Heartbeat for HeartbeatServer {
+    type HeartbeatStream = ReceiverStream<Result<ControllerMessage, Status>>;
+
+    async fn heartbeat(
+        &self,
+        request: Request<Streaming<BrokerStatus>>,
+    ) -> Result<Response<Self::HeartbeatStream>, Status> {
+        let shared = self.shared.clone();
+        let stream_id = shared.next_stream.fetch_add(1, Ordering::Relaxed);
+        let peer = request.remote_addr();
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(async move {
+            tracing::debug!(stream_id, ?peer, "heartbeat stream opened");
+            let mut ping = tokio::time::interval(shared.config.ping_interval);
+            ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut announced = shared.announced.subscribe();
+            let mut closing = shared.closing.subscribe();
+            if announced.borrow().is_some() {
+                announced.mark_changed();
+            }
+            let reason = loop {
+                if *closing.borrow_and_update() {
+                    break "controller closing";
+                }
+                let message = tokio::select! {
+                    _ = closing.changed() => continue,
+                    _ = ping.tick() => shared.ping(),
+                    changed = announced.changed() => {
+                        if changed.is_err() {
+                            break "server dropped";
+                        }
+                        let Some((assignment_version, controller_epoch)) =
+                            *announced.borrow_and_update()
+                        else {
+                            continue;
+                        };
+                        ControllerMessage {
+                            kind: Some(Kind::AssignmentChanged(AssignmentChanged {
+                                assignment_version,
+                                controller_epoch,
+                            })),
+                        }
+                    }
+                    status = inbound.message() => match status {
+                        Ok(Some(status)) => {
+                            shared.record(stream_id, status);
+                            continue;
+                        }
+                        Ok(None) => break "broker closed the stream",
+                        Err(_) => break "stream error",
+                    },
+                };
+                match tx.try_send(Ok(message)) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => break "response stream dropped",
+                }
+            };
+            tracing::debug!(stream_id, ?peer, reason, "heartbeat stream closed");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,226 @@
+//! `assignment.json` on real files: the writer, the NFS-safe watcher, the epoch fence and the
+//! takeover diff. Every wait is bounded.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kaas_control::assignment::{
+    accept, assignment_path, diff, read_assignment, write_assignment, Assignment,
+    AssignmentWatcher, BrokerEntry, Decision, Health,
+};
+use kaas_control::balancer::{coordinator_for_group, BrokerId, TopicPartition};
+use tokio::sync::watch;
+
+fn brokers() -> Vec<BrokerEntry> {
+    [(2, Health::Dead), (0, Health::Alive), (1, Health::Draining)]
+        .into_iter()
+        .map(|(id, health)| BrokerEntry {
+            id: BrokerId(id),
+            host: format!("kaas-{id}.kaas"),
+            port: 9092,
+            rack: (id != 1).then(|| format!("zone-{id}")),
+            health,
+        })
+        .collect()
+}
+
+fn assignment(epoch: u64, version: u64, leaders: &[(&str, i32, i32)]) -> Assignment {
+    let partitions = leaders
+        .iter()
+        .map(|(t, p, l)| (TopicPartition::new(*t, *p), BrokerId(*l)))
+        .collect();
+    Assignment::new(
+        epoch,
+        version,
+        brokers(),
+        partitions,
+        ["orders-app".to_string(), "billing".to_string()],
+    )
+}
+
+fn write(path: &Path, a: &Assignment) {
+    write_assignment(path, a).expect("write assignment");
+}
+
+async fn wait_version(
+    rx: &mut watch::Receiver<Option<Arc<Assignment>>>,
+    key: (u64, u64),
+    within: Duration,
+) -> Duration {
+    let start = Instant::now();
+    tokio::time::timeout(
+        within,
+        rx.wait_for(|a| a.as_ref().is_some_and(|a| a.order_key() == key)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("watcher did not publish {key:?} within {within:?}"))
+    .expect("watcher running");
+    start.elapsed()
+}
+
+// The file round-trips, uses the SPEC's field names, keeps dead rows and sorts brokers.
+#[test]
+fn round_trip_through_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = assignment_path(dir.path());
+    assert!(read_assignment(&path).unwrap().is_none());
+    let a = assignment(3, 17, &[("t", 0, 0), ("t", 1, 0), ("u", 0, 1)]);
+    write(&path, &a);
+    assert_eq!(read_assignment(&path).unwrap().as_ref(), Some(&a));
+
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(json["controller_epoch"], 3);
+    assert_eq!(json["assignment_version"], 17);
+    assert_eq!(json["brokers"][2]["health"], "dead");
+    assert_eq!(json["brokers"][1]["health"], "draining");
+    assert_eq!(json["partitions"][2]["leader"], 1);
+    let ids: Vec<i32> = a.brokers.iter().map(|b| b.id.0).collect();
+    assert_eq!(ids, vec![0, 1, 2]);
+
+    // Coordinators are the balancer's hash over every row, falling back to alive brokers only.
+    let registered: Vec<BrokerId> = a.brokers.iter().map(|b| b.id).collect();
+    for group in ["orders-app", "billing"] {
+        let want = coordinator_for_group(group, &registered, |b| b == BrokerId(0)).unwrap();
+        assert_eq!(a.consumer_groups[group], want);
+        assert_eq!(json["consumer_groups"][group], want.0);
+    }
+    // No temporary files are left behind.
+    let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("assignment.json")]);
+}
+
+// The 1 s poll picks up another writer's new file within about a second, with no push.
+#[tokio::test]
+async fn watcher_sees_another_writers_file_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = assignment_path(dir.path());
+    let watcher = AssignmentWatcher::new(&path, Duration::from_secs(1));
+    let mut rx = watcher.subscribe();
+    let task = tokio::spawn(watcher.run());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    for version in 1..=2 {
+        let a = assignment(1, version, &[("t", 0, (version % 2) as i32)]);
+        let p = path.clone();
+        // Written from another thread, as another broker's process would.
+        std::thread::spawn(move || write_assignment(&p, &a).unwrap())
+            .join()
+            .unwrap();
+        let took = wait_version(&mut rx, (1, version), Duration::from_millis(2_500)).await;
+        assert!(took <= Duration::from_millis(1_500), "took {took:?}");
+    }
+    task.abort();
+}
+
+// notify() (the ASSIGNMENT_CHANGED push) re-reads at once instead of waiting for the poll.
+#[tokio::test]
+async fn notify_is_the_fast_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = assignment_path(dir.path());
+    let watcher = AssignmentWatcher::new(&path, Duration::from_secs(60));
+    let notifier = watcher.notifier();
+    let mut rx = watcher.subscribe();
+    let task = tokio::spawn(watcher.run());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    write(&path, &assignment(1, 1, &[("t", 0, 0)]));
+    notifier.notify();
+    let took = wait_version(&mut rx, (1, 1), Duration::from_secs(2)).await;
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+    task.abort();
+}
+
+// A file from a controller below the Lease epoch is rejected, and the view never goes back.
+#[test]
+fn stale_epoch_and_older_files_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = assignment_path(dir.path());
+    let mut watcher = AssignmentWatcher::new(&path, Duration::from_secs(1));
+    watcher.lease_epoch().observe(5);
+    watcher.lease_epoch().observe(2); // epochs never go back
+    assert_eq!(watcher.lease_epoch().get(), 5);
+
+    write(&path, &assignment(4, 100, &[("t", 0, 0)]));
+    assert_eq!(
+        watcher.poll_once(),
+        Some(Decision::StaleEpoch {
+            candidate: 4,
+            lease_epoch: 5
+        })
+    );
+    assert!(watcher.current().is_none());
+
+    write(&path, &assignment(5, 1, &[("t", 0, 1)]));
+    assert_eq!(watcher.poll_once(), Some(Decision::Accept));
+    assert_eq!(
+        watcher.poll_once(),
+        None,
+        "unchanged bytes are not re-decided"
+    );
+
+    write(&path, &assignment(5, 2, &[("t", 0, 0)]));
+    assert_eq!(watcher.poll_once(), Some(Decision::Accept));
+    write(&path, &assignment(5, 1, &[("t", 0, 1)]));
+    assert!(matches!(watcher.poll_once(), Some(Decision::Older { .. })));
+    assert_eq!(watcher.current().unwrap().order_key(), (5, 2));
+
+    // The pure rule: a higher epoch wins even with a lower version.
+    let cur = assignment(5, 9, &[]);
+    assert_eq!(
+        accept(Some(&cur), &assignment(6, 1, &[]), 6),
+        Decision::Accept
+    );
+    assert!(!accept(Some(&cur), &assignment(5, 3, &[]), 0).is_accept());
+}
+
+// A torn or garbage file is ignored and the last good assignment stays in force.
+#[test]
+fn torn_or_garbage_file_keeps_the_last_good_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = assignment_path(dir.path());
+    let mut watcher = AssignmentWatcher::new(&path, Duration::from_secs(1));
+    let good = assignment(1, 1, &[("t", 0, 0)]);
+    write(&path, &good);
+    assert_eq!(watcher.poll_once(), Some(Decision::Accept));
+
+    let bytes = good.to_json();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_eq!(watcher.poll_once(), None);
+    assert!(read_assignment(&path).is_err());
+    std::fs::write(&path, b"\0\0garbage\xff").unwrap();
+    assert_eq!(watcher.poll_once(), None);
+    // Duplicate partition rows are not a controller's file either.
+    let dup = String::from_utf8(bytes.clone()).unwrap().replace(
+        "\"partitions\": [",
+        "\"partitions\": [\n    {\"topic\": \"t\", \"partition\": 0, \"leader\": 2},",
+    );
+    std::fs::write(&path, dup).unwrap();
+    assert_eq!(watcher.poll_once(), None);
+    assert_eq!(watcher.current().as_deref(), Some(&good));
+
+    write(&path, &assignment(1, 2, &[("t", 0, 1)]));
+    assert_eq!(watcher.poll_once(), Some(Decision::Accept));
+    assert_eq!(watcher.current().unwrap().assignment_version, 2);
+}
+
+// diff lists exactly the partitions that moved to or from this broker.
+#[test]
+fn diff_is_exactly_what_moved() {
+    let me = BrokerId(1);
+    let old = assignment(1, 1, &[("a", 0, 1), ("a", 1, 0), ("b", 0, 1), ("b", 1, 1)]);
+    let new = assignment(1, 2, &[("a", 0, 0), ("a", 1, 1), ("b", 1, 1), ("c", 0, 1)]);
+    let d = diff(Some(&old), &new, me);
+    let tps = |v: &[(&str, i32)]| -> Vec<TopicPartition> {
+        v.iter().map(|(t, p)| TopicPartition::new(*t, *p)).collect()
+    };
+    assert_eq!(d.take_over, tps(&[("a", 1), ("c", 0)]));
+    assert_eq!(d.relinquish, tps(&[("a", 0), ("b", 0)]));
+    assert!(diff(Some(&new), &new, me).is_empty());
+    let first = diff(None, &new, me);
+    assert_eq!(first.take_over, tps(&[("a", 1), ("b", 1), ("c", 0)]));
+    assert!(first.relinquish.is_empty());
+    assert!(diff(Some(&old), &new, BrokerId(7)).is_empty());
+}

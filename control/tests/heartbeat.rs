@@ -1,0 +1,294 @@
+//! The heartbeat server and client over real tonic streams on 127.0.0.1, with short timings so
+//! every test finishes in a few seconds. Every wait is bounded.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kaas_control::balancer::{AliveBrokers, BrokerId};
+use kaas_control::heartbeat::{
+    ClientConfig, ControllerEvent, HeartbeatClient, HeartbeatServer, LocalStatus, ServerConfig,
+};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn server_config() -> ServerConfig {
+    ServerConfig {
+        ping_interval: Duration::from_millis(200),
+        alive_timeout: Duration::from_secs(1),
+        pinned: None,
+    }
+}
+
+fn client_config() -> ClientConfig {
+    ClientConfig {
+        status_interval: Duration::from_millis(200),
+        min_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(400),
+        connect_timeout: Duration::from_secs(1),
+        silence_timeout: Duration::from_secs(2),
+        send_partition_list: false,
+    }
+}
+
+struct RunningServer {
+    server: HeartbeatServer,
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningServer {
+    async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server stops within the bound")
+            .expect("server task");
+    }
+}
+
+async fn start_server_on(addr: &str, epoch: u64) -> RunningServer {
+    let listener = TcpListener::bind(addr).await.expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    let server = HeartbeatServer::new(server_config(), epoch);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let task = tokio::spawn(async move {
+        task.await.expect("serve task").expect("serve");
+    });
+    RunningServer {
+        server,
+        addr,
+        stop: Some(stop),
+        task,
+    }
+}
+
+async fn start_server(epoch: u64) -> RunningServer {
+    start_server_on("127.0.0.1:0", epoch).await
+}
+
+struct Broker {
+    status: watch::Sender<LocalStatus>,
+    events: mpsc::Receiver<ControllerEvent>,
+    task: JoinHandle<()>,
+    _controller: Option<watch::Sender<Option<String>>>,
+}
+
+fn start_broker(id: i32, controller: watch::Receiver<Option<String>>) -> Broker {
+    let (status, status_rx) =
+        watch::channel(LocalStatus::new(BrokerId(id), format!("b{id}"), 9092));
+    let (task, events) = HeartbeatClient::spawn(client_config(), controller, status_rx);
+    Broker {
+        status,
+        events,
+        task,
+        _controller: None,
+    }
+}
+
+fn start_broker_at(id: i32, addr: SocketAddr) -> Broker {
+    let (tx, rx) = watch::channel(Some(addr.to_string()));
+    let mut broker = start_broker(id, rx);
+    broker._controller = Some(tx);
+    broker
+}
+
+async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+async fn wait_alive(rx: &mut watch::Receiver<AliveBrokers>, want: &[i32]) {
+    let want: Vec<BrokerId> = want.iter().map(|&i| BrokerId(i)).collect();
+    bounded(&format!("alive set {want:?}"), async {
+        rx.wait_for(|alive| alive.keys().copied().eq(want.iter().copied()))
+            .await
+            .expect("server alive");
+    })
+    .await;
+}
+
+/// Waits for the first event matching `pred`, skipping others.
+async fn wait_event(
+    events: &mut mpsc::Receiver<ControllerEvent>,
+    what: &str,
+    pred: impl Fn(&ControllerEvent) -> bool,
+) -> ControllerEvent {
+    bounded(what, async {
+        loop {
+            let event = events.recv().await.expect("client running");
+            if pred(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+}
+
+// Three brokers join the alive set; a draining one leaves it at once; a silent one ages out
+// only after the timeout, not the moment its stream closes.
+#[tokio::test]
+async fn alive_set_tracks_join_drain_and_disconnect() {
+    let server = start_server(1).await;
+    let mut alive = server.server.alive();
+    let b0 = start_broker_at(0, server.addr);
+    let b1 = start_broker_at(1, server.addr);
+    let b2 = start_broker_at(2, server.addr);
+    wait_alive(&mut alive, &[0, 1, 2]).await;
+
+    b1.status.send_modify(|s| s.draining = true);
+    wait_alive(&mut alive, &[0, 2]).await;
+
+    b2.task.abort();
+    let gone = Instant::now();
+    wait_alive(&mut alive, &[0]).await;
+    let aged = gone.elapsed();
+    assert!(
+        aged >= Duration::from_millis(500),
+        "left after {aged:?}: must age out by timeout (1 s), not on disconnect"
+    );
+    let rows = server.server.broker_rows(&[]);
+    let health: Vec<_> = rows.iter().map(|r| (r.id.0, r.health)).collect();
+    use kaas_control::assignment::Health::*;
+    assert_eq!(health, vec![(0, Alive), (1, Draining), (2, Dead)]);
+    drop((b0, b1));
+    server.stop().await;
+}
+
+// ASSIGNMENT_CHANGED reaches every connected broker, with the controller's epoch.
+#[tokio::test]
+async fn assignment_changed_reaches_every_client() {
+    let server = start_server(7).await;
+    let mut alive = server.server.alive();
+    let mut brokers: Vec<Broker> = (0..3).map(|i| start_broker_at(i, server.addr)).collect();
+    wait_alive(&mut alive, &[0, 1, 2]).await;
+    for b in &mut brokers {
+        let ping = wait_event(&mut b.events, "ping", |e| {
+            matches!(e, ControllerEvent::Ping { .. })
+        })
+        .await;
+        assert_eq!(
+            ping,
+            ControllerEvent::Ping {
+                controller_epoch: 7
+            }
+        );
+    }
+    server.server.assignment_changed(42);
+    for b in &mut brokers {
+        wait_event(&mut b.events, "assignment changed", |e| {
+            *e == ControllerEvent::AssignmentChanged {
+                assignment_version: 42,
+                controller_epoch: 7,
+            }
+        })
+        .await;
+    }
+    // A broker connecting later learns the latest version as soon as it connects.
+    let mut late = start_broker_at(3, server.addr);
+    wait_event(&mut late.events, "assignment changed on connect", |e| {
+        matches!(
+            e,
+            ControllerEvent::AssignmentChanged {
+                assignment_version: 42,
+                ..
+            }
+        )
+    })
+    .await;
+    server.stop().await;
+}
+
+// When the controller address changes, the client drops the old stream and dials the new one.
+#[tokio::test]
+async fn client_follows_controller_change() {
+    let a = start_server(1).await;
+    let b = start_server(2).await;
+    let (controller, controller_rx) = watch::channel(Some(a.addr.to_string()));
+    let mut broker = start_broker(0, controller_rx);
+    let mut alive_a = a.server.alive();
+    let mut alive_b = b.server.alive();
+    wait_alive(&mut alive_a, &[0]).await;
+    wait_event(&mut broker.events, "connected to a", |e| {
+        *e == ControllerEvent::Connected {
+            addr: a.addr.to_string(),
+        }
+    })
+    .await;
+
+    controller.send_replace(Some(b.addr.to_string()));
+    wait_alive(&mut alive_b, &[0]).await;
+    wait_event(&mut broker.events, "connected to b", |e| {
+        *e == ControllerEvent::Connected {
+            addr: b.addr.to_string(),
+        }
+    })
+    .await;
+    wait_event(&mut broker.events, "ping from epoch 2", |e| {
+        *e == ControllerEvent::Ping {
+            controller_epoch: 2,
+        }
+    })
+    .await;
+    // The old controller no longer hears from it and ages it out.
+    wait_alive(&mut alive_a, &[]).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+// A broken stream (controller restarted on the same address) is re-dialled with backoff.
+#[tokio::test]
+async fn client_redials_after_the_stream_breaks() {
+    let first = start_server(1).await;
+    let addr = first.addr;
+    let mut broker = start_broker_at(0, addr);
+    wait_event(&mut broker.events, "connected", |e| {
+        matches!(e, ControllerEvent::Connected { .. })
+    })
+    .await;
+    first.stop().await;
+    wait_event(&mut broker.events, "disconnected", |e| {
+        matches!(e, ControllerEvent::Disconnected { .. })
+    })
+    .await;
+
+    let second = start_server_on(&addr.to_string(), 2).await;
+    let mut alive = second.server.alive();
+    wait_alive(&mut alive, &[0]).await;
+    wait_event(
+        &mut broker.events,
+        "ping from the restarted controller",
+        |e| {
+            *e == ControllerEvent::Ping {
+                controller_epoch: 2,
+            }
+        },
+    )
+    .await;
+    second.stop().await;
+}
+
+// With no controller known the client waits, and dials as soon as one is announced.
+#[tokio::test]
+async fn client_waits_for_a_controller() {
+    let server = start_server(3).await;
+    let (controller, controller_rx) = watch::channel(None);
+    let mut broker = start_broker(5, controller_rx);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        broker.events.try_recv().is_err(),
+        "no events without a controller"
+    );
+    controller.send_replace(Some(server.addr.to_string()));
+    let mut alive = server.server.alive();
+    wait_alive(&mut alive, &[5]).await;
+    server.stop().await;
+}
