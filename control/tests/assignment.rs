@@ -110,8 +110,9 @@ async fn watcher_sees_another_writers_file_within_a_second() {
         std::thread::spawn(move || write_assignment(&p, &a).unwrap())
             .join()
             .unwrap();
-        let took = wait_version(&mut rx, (1, version), Duration::from_millis(2_500)).await;
-        assert!(took <= Duration::from_millis(1_500), "took {took:?}");
+        // One poll period plus slack for a loaded machine.
+        let took = wait_version(&mut rx, (1, version), Duration::from_millis(3_000)).await;
+        assert!(took <= Duration::from_millis(2_000), "took {took:?}");
     }
     task.abort();
 }
