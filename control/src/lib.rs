@@ -12,3 +12,4 @@ pub mod balancer;
 pub mod election;
 pub mod health;
 pub mod heartbeat;
+pub mod lease;
