@@ -104,7 +104,8 @@ impl<B: LeaseBackend> ElectionDriver<B> {
         self.state.is_leader(self.now_ms())
     }
 
-    /// Runs rounds until `shutdown` completes, then releases the Lease if held.
+    /// Runs rounds until `shutdown` completes, then releases the Lease if held. Shutdown is
+    /// noticed between rounds; a round takes at most two I/O timeouts (a read and a write).
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> B {
         tokio::pin!(shutdown);
         loop {
