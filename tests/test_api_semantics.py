@@ -114,9 +114,11 @@ def test_delete_records(broker):
     and the high watermark is unchanged."""
     topic = unique_topic("delrec")
     create_topic(broker.bootstrap, topic, 2)
-    produce_plain(broker.bootstrap, topic,
-                  [(None, b"r%d" % i, None) for i in range(100)], acks="all",
-                  partitioner="random")
+    # Keyed, so the murmur2 partitioner spreads the records deterministically over both
+    # partitions (keyless records may all stick to one partition).
+    reports = produce_plain(broker.bootstrap, topic,
+                            [(b"k%d" % i, b"r%d" % i, None) for i in range(100)], acks="all")
+    assert sum(1 for p, _ in reports if p == 0) > 20, reports
     a = admin(broker.bootstrap)
     c = rdkafka_consumer(broker.bootstrap)
     try:

@@ -41,6 +41,8 @@ pub struct Segment {
     pub opened_at: Instant,
     /// The whole file memory-mapped, made on the first read after the segment is sealed.
     pub map: std::cell::RefCell<Option<Bytes>>,
+    /// The file's length: data plus zeros written ahead of it (see `PartitionLog::preallocate`).
+    pub allocated: std::cell::Cell<u64>,
 }
 
 impl Segment {
@@ -65,6 +67,7 @@ impl Segment {
             index: BatchIndex::default(),
             opened_at: Instant::now(),
             map: Default::default(),
+            allocated: Default::default(),
         })
     }
 
@@ -153,7 +156,12 @@ impl Segment {
         let valid = index.last().map(|e| e.end_position()).unwrap_or(0);
         let truncated = valid < file_len;
         if truncated {
-            tracing::warn!(path = %path.display(), valid_bytes = valid, file_bytes = file_len, "truncating torn or corrupt tail of segment");
+            if tail_is_zeros(&file, valid, file_len).await {
+                // Zeros written ahead of the data (preallocation) after an unclean stop.
+                tracing::debug!(path = %path.display(), valid_bytes = valid, file_bytes = file_len, "dropping preallocated space after the last batch");
+            } else {
+                tracing::warn!(path = %path.display(), valid_bytes = valid, file_bytes = file_len, "truncating torn or corrupt tail of segment");
+            }
             file.truncate(valid)
                 .await
                 .map_err(|e| StorageError::io("truncating segment", &path, e))?;
@@ -171,6 +179,7 @@ impl Segment {
                 index,
                 opened_at: Instant::now(),
                 map: Default::default(),
+                allocated: std::cell::Cell::new(valid),
             },
             truncated,
         ))
@@ -199,6 +208,7 @@ impl Segment {
             index,
             opened_at: Instant::now(),
             map: Default::default(),
+            allocated: std::cell::Cell::new(size),
         })
     }
 
@@ -234,6 +244,21 @@ impl Segment {
             .map(|e| e.last_offset + 1)
             .unwrap_or(self.base_offset)
     }
+}
+
+/// Whether the bytes `[from, to)` of `file` are all zero (preallocated, never written).
+async fn tail_is_zeros(file: &BufferedFile, from: u64, to: u64) -> bool {
+    let mut pos = from;
+    while pos < to {
+        let n = ((to - pos) as usize).min(SCAN_CHUNK_BYTES);
+        match file.read_at(pos, n).await {
+            Ok(chunk) if !chunk.is_empty() && chunk.iter().all(|b| *b == 0) => {
+                pos += chunk.len() as u64
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// fsync a directory so that entries created or renamed in it survive a crash.
