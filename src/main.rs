@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use kaas_shard::config::BrokerConfig;
 
 #[global_allocator]
@@ -128,8 +128,26 @@ fn wait_for_free_port(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
+/// `kaas --help` ends with the consumer-group settings, which are read from the environment
+/// (`KAAS_GROUP_*`, one table in `kaas_shard::groups::config`) rather than taken as flags.
+fn group_settings_help() -> String {
+    let mut out =
+        String::from("Consumer-group settings (environment only; Kafka's name in brackets):\n");
+    for s in kaas_shard::groups::config::SETTINGS {
+        out.push_str(&format!(
+            "  {}  [{}] default {}, {}..={}: {}\n",
+            s.env, s.kafka_name, s.default, s.min, s.max, s.doc
+        ));
+    }
+    out.push_str("  KAAS_GROUP_CONSUMER_ASSIGNOR  [group.consumer.assignors] default uniform: uniform, range or rack-aware\n");
+    out
+}
+
 fn main() {
-    let args = Args::parse();
+    let args = Args::command()
+        .after_help(group_settings_help())
+        .get_matches();
+    let args = Args::from_arg_matches(&args).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&args.log)
