@@ -20,7 +20,7 @@ use kaas_wire::kafka_protocol::messages::{
 use kaas_wire::kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
-use super::per_partition;
+use super::{per_partition, per_topic_partition};
 use crate::catalog::{topic_dir_name, CatalogError, TopicMeta};
 use crate::errors;
 use crate::shard::Shard;
@@ -216,35 +216,27 @@ struct Deleted {
 }
 
 pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
-    let snapshot = shard.catalog.snapshot();
-    let mut items = Vec::new();
-    let mut slots = Vec::new();
-    let mut answers: Vec<Vec<Deleted>> = Vec::new();
+    let wanted = req
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.name.to_string(),
+                t.partitions
+                    .iter()
+                    .map(|p| (p.partition_index, p.offset))
+                    .collect(),
+            )
+        })
+        .collect();
     let unknown = Deleted {
         error_code: errors::UNKNOWN_TOPIC_OR_PARTITION,
         low_watermark: -1,
     };
-    for (ti, t) in req.topics.iter().enumerate() {
-        let meta = snapshot.get(t.name.as_str()).cloned();
-        answers.push(Vec::new());
-        for (pi, p) in t.partitions.iter().enumerate() {
-            match &meta {
-                Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
-                    slots.push((ti, pi));
-                    items.push((
-                        shard.owner_of(&m.name, p.partition_index),
-                        (m.clone(), p.partition_index, p.offset),
-                    ));
-                    answers[ti].push(unknown.clone());
-                }
-                _ => answers[ti].push(unknown.clone()),
-            }
-        }
-    }
-    let results = per_partition(
+    let answers = per_topic_partition(
         shard,
-        items,
-        |s, (m, p, offset)| async move {
+        wanted,
+        |s, m, p, offset| async move {
             let log = match s.partition(&m, p).await {
                 Ok(l) => l,
                 Err(e) => {
@@ -271,15 +263,13 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
                 },
             }
         },
+        unknown,
         Deleted {
             error_code: errors::NOT_LEADER_OR_FOLLOWER,
             low_watermark: -1,
         },
     )
     .await;
-    for ((ti, pi), r) in slots.into_iter().zip(results) {
-        answers[ti][pi] = r;
-    }
     let topics = req
         .topics
         .iter()

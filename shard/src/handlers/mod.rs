@@ -180,6 +180,52 @@ pub(crate) fn resolve_topic(
     }
 }
 
+/// The partition-addressed request pattern (ListOffsets, OffsetForLeaderEpoch,
+/// DeleteRecords, ...): `topics` lists, per topic name, each partition's index and arguments.
+/// Known partitions run `f` on their owning shard; unknown topics or partitions answer
+/// `unknown` without a hop. Answers come back per topic, per partition, in request order.
+pub(crate) async fn per_topic_partition<A, R, F, Fut>(
+    shard: &Rc<Shard>,
+    topics: Vec<(String, Vec<(i32, A)>)>,
+    f: F,
+    unknown: R,
+    lost: R,
+) -> Vec<Vec<R>>
+where
+    A: Send + 'static,
+    R: Send + Clone + 'static,
+    F: Fn(Rc<Shard>, Arc<TopicMeta>, i32, A) -> Fut + Send + Clone + 'static,
+    Fut: Future<Output = R> + 'static,
+{
+    let snapshot = shard.catalog.snapshot();
+    let mut answers: Vec<Vec<R>> = Vec::with_capacity(topics.len());
+    let mut items = Vec::new();
+    let mut slots = Vec::new();
+    for (ti, (name, partitions)) in topics.into_iter().enumerate() {
+        let meta = snapshot.get(&name).cloned();
+        let mut row = Vec::with_capacity(partitions.len());
+        for (pi, (partition, args)) in partitions.into_iter().enumerate() {
+            if let Some(m) = meta
+                .as_ref()
+                .filter(|m| (0..m.partitions).contains(&partition))
+            {
+                slots.push((ti, pi));
+                items.push((
+                    shard.owner_of(&m.name, partition),
+                    (m.clone(), partition, args),
+                ));
+            }
+            row.push(unknown.clone());
+        }
+        answers.push(row);
+    }
+    let results = per_partition(shard, items, move |s, (m, p, a)| f(s, m, p, a), lost).await;
+    for ((ti, pi), r) in slots.into_iter().zip(results) {
+        answers[ti][pi] = r;
+    }
+    answers
+}
+
 /// Runs `f` for every item on the shard that owns it: items for one shard go in one message,
 /// and run concurrently there. Results come back in input order; an item whose shard is gone
 /// (shutting down) gets `lost`.

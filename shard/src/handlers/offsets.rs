@@ -14,7 +14,7 @@ use kaas_wire::kafka_protocol::messages::{
     OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ProducerId,
 };
 
-use super::per_partition;
+use super::per_topic_partition;
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
@@ -49,42 +49,27 @@ pub async fn list_offsets(
     req: ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
-    let snapshot = shard.catalog.snapshot();
-    let mut items = Vec::new();
-    let mut answers: Vec<Vec<OffsetAnswer>> = Vec::new();
-    let mut slots = Vec::new();
-    for (ti, t) in req.topics.iter().enumerate() {
-        let meta = snapshot.get(t.name.as_str()).cloned();
-        answers.push(Vec::new());
-        for (pi, p) in t.partitions.iter().enumerate() {
-            match &meta {
-                Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
-                    slots.push((ti, pi));
-                    items.push((
-                        shard.owner_of(&m.name, p.partition_index),
-                        (
-                            m.clone(),
-                            p.partition_index,
-                            p.timestamp,
-                            p.current_leader_epoch,
-                        ),
-                    ));
-                    answers[ti].push(OffsetAnswer::error(errors::NONE));
-                }
-                _ => answers[ti].push(OffsetAnswer::error(errors::UNKNOWN_TOPIC_OR_PARTITION)),
-            }
-        }
-    }
-    let results = per_partition(
+    let wanted = req
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.name.to_string(),
+                t.partitions
+                    .iter()
+                    .map(|p| (p.partition_index, (p.timestamp, p.current_leader_epoch)))
+                    .collect(),
+            )
+        })
+        .collect();
+    let answers = per_topic_partition(
         shard,
-        items,
-        |s, (m, p, ts, epoch)| lookup(s, m, p, ts, epoch),
+        wanted,
+        |s, m, p, (ts, epoch)| lookup(s, m, p, ts, epoch),
+        OffsetAnswer::error(errors::UNKNOWN_TOPIC_OR_PARTITION),
         OffsetAnswer::error(errors::NOT_LEADER_OR_FOLLOWER),
     )
     .await;
-    for ((ti, pi), r) in slots.into_iter().zip(results) {
-        answers[ti][pi] = r;
-    }
     let topics = req
         .topics
         .iter()
@@ -185,41 +170,28 @@ pub async fn offset_for_leader_epoch(
     shard: &Rc<Shard>,
     req: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
-    let snapshot = shard.catalog.snapshot();
-    let mut items = Vec::new();
-    let mut slots = Vec::new();
-    let mut answers: Vec<Vec<EpochAnswer>> = Vec::new();
+    let wanted = req
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.topic.to_string(),
+                t.partitions
+                    .iter()
+                    .map(|p| (p.partition, (p.current_leader_epoch, p.leader_epoch)))
+                    .collect(),
+            )
+        })
+        .collect();
     let unknown = EpochAnswer {
         error_code: errors::UNKNOWN_TOPIC_OR_PARTITION,
         leader_epoch: -1,
         end_offset: -1,
     };
-    for (ti, t) in req.topics.iter().enumerate() {
-        let meta = snapshot.get(t.topic.as_str()).cloned();
-        answers.push(Vec::new());
-        for (pi, p) in t.partitions.iter().enumerate() {
-            match &meta {
-                Some(m) if p.partition >= 0 && p.partition < m.partitions => {
-                    slots.push((ti, pi));
-                    items.push((
-                        shard.owner_of(&m.name, p.partition),
-                        (
-                            m.clone(),
-                            p.partition,
-                            p.current_leader_epoch,
-                            p.leader_epoch,
-                        ),
-                    ));
-                    answers[ti].push(unknown.clone());
-                }
-                _ => answers[ti].push(unknown.clone()),
-            }
-        }
-    }
-    let results = per_partition(
+    let answers = per_topic_partition(
         shard,
-        items,
-        |s, (m, p, current, wanted)| async move {
+        wanted,
+        |s, m, p, (current, wanted)| async move {
             let log = match s.partition(&m, p).await {
                 Ok(l) => l,
                 Err(e) => {
@@ -244,6 +216,7 @@ pub async fn offset_for_leader_epoch(
                 end_offset,
             }
         },
+        unknown,
         EpochAnswer {
             error_code: errors::NOT_LEADER_OR_FOLLOWER,
             leader_epoch: -1,
@@ -251,9 +224,6 @@ pub async fn offset_for_leader_epoch(
         },
     )
     .await;
-    for ((ti, pi), r) in slots.into_iter().zip(results) {
-        answers[ti][pi] = r;
-    }
     let topics = req
         .topics
         .iter()
