@@ -144,6 +144,16 @@ fn group_settings_help() -> String {
 }
 
 fn main() {
+    // Large buffers (record copies on append, the zeros written ahead of active segments) are
+    // allocated and freed all the time. glibc raises its mmap threshold after the first large
+    // free, after which such buffers come from the heap and their memory is kept: measured here,
+    // resident memory grew from ~60 MB to ~490 MB under a 1,000-partition load. A fixed
+    // threshold keeps them as mappings that are returned on free (and zero pages that are only
+    // read never become resident).
+    // SAFETY: mallopt only tunes glibc's allocator; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
     let args = Args::command()
         .after_help(group_settings_help())
         .get_matches();

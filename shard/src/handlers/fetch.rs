@@ -53,6 +53,17 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
     } else {
         req.max_bytes as usize
     };
+    // Partitions are read concurrently, so without a share each could read its whole
+    // partition_max_bytes only for most of it to be dropped by max_bytes below: a 1,000-partition
+    // fetch would read (and hold) up to 1 GB for a 50 MB answer. Each partition therefore reads
+    // at most its share of max_bytes (never below 64 KiB, and always at least one whole batch).
+    let partitions_wanted: usize = req
+        .topics
+        .iter()
+        .map(|t| t.partitions.len())
+        .sum::<usize>()
+        .max(1);
+    let share = (max_bytes / partitions_wanted).max(64 * 1024);
     let snapshot = shard.catalog.snapshot();
     let uses_ids = version >= 13;
 
@@ -88,7 +99,7 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
                 meta,
                 error,
                 fetch_offset: p.fetch_offset,
-                max_bytes: p.partition_max_bytes.max(0) as usize,
+                max_bytes: (p.partition_max_bytes.max(0) as usize).min(share),
             });
         }
     }
