@@ -725,7 +725,8 @@ impl PartitionLog {
     /// are a slice of the mapped file, and the connection writes them straight to the socket.
     /// A sealed segment is never truncated or rewritten in place (retention unlinks it, and the
     /// mapping stays valid until the last reader drops it), so the mapping cannot SIGBUS. The
-    /// active segment is still growing and is read with a positioned read instead.
+    /// active segment is mapped up to its current length and remapped as it grows
+    /// (`Segment::mapped_upto`); a positioned read is the fallback.
     pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
         let (file, path, position, len, hw, start, mapped) = {
             let st = self.state.borrow();
@@ -774,7 +775,11 @@ impl PartitionLog {
                 }
                 end = e.end_position();
             }
-            let mapped = if sealed { seg.mapped()? } else { None };
+            let mapped = if sealed {
+                seg.mapped()?
+            } else {
+                seg.mapped_upto(end)?
+            };
             (
                 seg.file.clone(),
                 seg.path.clone(),

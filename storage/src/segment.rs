@@ -216,8 +216,11 @@ impl Segment {
     /// mapped on first use. Only for sealed segments: the file must not grow or shrink while
     /// mapped (see `PartitionLog::read`).
     pub fn mapped(&self) -> Result<Option<Bytes>, StorageError> {
+        // A mapping made while the segment was active may be shorter than its final size.
         if let Some(m) = self.map.borrow().as_ref() {
-            return Ok(Some(m.clone()));
+            if m.len() as u64 >= self.size {
+                return Ok(Some(m.clone()));
+            }
         }
         if self.size == 0 {
             return Ok(None);
@@ -232,6 +235,32 @@ impl Segment {
                 .map(&file)
         }
         .map_err(|e| StorageError::io("mapping segment", &self.path, e))?;
+        let bytes = Bytes::from_owner(map);
+        *self.map.borrow_mut() = Some(bytes.clone());
+        Ok(Some(bytes))
+    }
+
+    /// The active segment's bytes up to at least `end`, as a zero-copy `Bytes` over a mapping
+    /// of the file's current length (data plus the zeros written ahead of it). The mapping is
+    /// remade when a read needs bytes past it. Safe while the segment is active: appends only
+    /// extend the file, and the only truncation (trimming the zeros when the segment is sealed)
+    /// removes bytes past the data, which are never sliced.
+    pub fn mapped_upto(&self, end: u64) -> Result<Option<Bytes>, StorageError> {
+        if let Some(m) = self.map.borrow().as_ref() {
+            if m.len() as u64 >= end {
+                return Ok(Some(m.clone()));
+            }
+        }
+        let len = self.size.max(self.allocated.get());
+        if len == 0 || len < end {
+            return Ok(None);
+        }
+        let file = std::fs::File::open(&self.path)
+            .map_err(|e| StorageError::io("opening segment for mapping", &self.path, e))?;
+        // SAFETY: read-only mapping of bytes that exist in the file and are never truncated
+        // while mapped (see above); only whole batches below `size` are ever sliced.
+        let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
+            .map_err(|e| StorageError::io("mapping segment", &self.path, e))?;
         let bytes = Bytes::from_owner(map);
         *self.map.borrow_mut() = Some(bytes.clone());
         Ok(Some(bytes))
