@@ -275,15 +275,9 @@ pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> Alter
                     .collect();
                 apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only).await
             }
-            other => Err((
-                errors::INVALID_REQUEST,
-                format!("Resource type {other} is not supported"),
-            )),
+            other => Err(unsupported_resource(other)),
         };
-        let (code, msg) = match result {
-            Ok(()) => (errors::NONE, None),
-            Err((c, m)) => (c, Some(s(&m))),
-        };
+        let (code, msg) = outcome(result);
         responses.push(
             alter_configs_response::AlterConfigsResourceResponse::default()
                 .with_error_code(code)
@@ -293,6 +287,21 @@ pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> Alter
         );
     }
     AlterConfigsResponse::default().with_responses(responses)
+}
+
+fn unsupported_resource(resource_type: i8) -> (i16, String) {
+    (
+        errors::INVALID_REQUEST,
+        format!("Resource type {resource_type} is not supported"),
+    )
+}
+
+/// A resource's result as the (error code, error message) pair both alter responses carry.
+fn outcome(result: Result<(), (i16, String)>) -> (i16, Option<StrBytes>) {
+    match result {
+        Ok(()) => (errors::NONE, None),
+        Err((c, m)) => (c, Some(s(&m))),
+    }
 }
 
 /// IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT per key.
@@ -329,15 +338,9 @@ pub async fn incremental_alter_configs(
                     Err(e) => Err(e),
                 }
             }
-            other => Err((
-                errors::INVALID_REQUEST,
-                format!("Resource type {other} is not supported"),
-            )),
+            other => Err(unsupported_resource(other)),
         };
-        let (code, msg) = match result {
-            Ok(()) => (errors::NONE, None),
-            Err((c, m)) => (c, Some(s(&m))),
-        };
+        let (code, msg) = outcome(result);
         responses.push(
             incremental_alter_configs_response::AlterConfigsResourceResponse::default()
                 .with_error_code(code)
