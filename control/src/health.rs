@@ -62,18 +62,12 @@ async fn answer(mut stream: TcpStream, source: Arc<dyn HealthSource>) -> std::io
     }
     let path = path.split('?').next().unwrap_or("");
     match path {
-        "/healthz" => {
-            let (ok, body) = source.healthz();
-            respond(
-                &mut stream,
-                if ok { 200 } else { 503 },
-                "application/json",
-                &body,
-            )
-            .await
-        }
-        "/readyz" => {
-            let (ok, body) = source.readyz();
+        "/healthz" | "/readyz" => {
+            let (ok, body) = if path == "/healthz" {
+                source.healthz()
+            } else {
+                source.readyz()
+            };
             respond(
                 &mut stream,
                 if ok { 200 } else { 503 },
