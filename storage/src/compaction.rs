@@ -1,15 +1,24 @@
 //! Log compaction (`cleanup.policy=compact`): keep the latest record of every key.
 //!
-//! The record-level work is pure and lives here: walking the records of an uncompressed
-//! magic-2 batch, and rebuilding a batch from the records it keeps. A rebuilt batch keeps its
-//! base offset, last offset delta, timestamps and producer fields, so every surviving record
-//! keeps its offset (gaps are allowed, as in Kafka) and consumers and producers see nothing
-//! else change. `PartitionLog::compact` does the IO around it.
+//! The record-level work is pure and lives here: walking the records of a magic-2 batch
+//! (decompressing it first when it is compressed), and rebuilding a batch from the records it
+//! keeps. A rebuilt batch keeps its base offset, last offset delta, timestamps, attributes and
+//! producer fields, so every surviving record keeps its offset (gaps are allowed, as in Kafka)
+//! and consumers and producers see nothing else change; a compressed batch is compressed again
+//! with its own codec. `PartitionLog::compact` does the IO around it.
 //!
-//! Compressed batches are kept whole and their keys do not take part (reading them would need
-//! decompression); transactional control batches are always kept.
+//! Transactional control batches are always kept. A compressed batch that cannot be
+//! decompressed, or whose records would take more than [`MAX_DECOMPRESSED_BYTES`], is kept
+//! whole and its keys take no part (conservative: nothing it holds is dropped, and it makes
+//! nothing else obsolete).
 
 use kaas_wire::batch::{self, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD};
+
+use crate::codec::Codec;
+
+/// The most bytes one compressed batch may decompress to for compaction to read it. Batches
+/// come from producers; this bounds what a small, highly compressed batch can make us allocate.
+pub const MAX_DECOMPRESSED_BYTES: usize = 64 * 1024 * 1024;
 
 /// One record inside a batch, as slices of the batch bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,19 +61,49 @@ fn bytes_field<'a>(b: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
     Some(Some(s))
 }
 
-/// Whether compaction can read this batch's records (uncompressed, not a control batch).
+/// Whether compaction can read this batch's records without decompressing (uncompressed, not
+/// a control batch).
 pub fn is_compactable(h: &BatchHeader) -> bool {
     h.compression() == 0 && !h.is_control()
 }
 
 /// The records of an uncompressed batch, bounds-checked; `None` if they do not parse (the
-/// batch is then kept whole).
+/// batch is then kept whole) or the batch is compressed.
 pub fn records(batch_bytes: &[u8]) -> Option<Vec<RecordRef<'_>>> {
     let h = batch::peek_header(batch_bytes).ok()?;
     if !is_compactable(&h) {
         return None;
     }
-    let body = batch_bytes.get(BATCH_HEADER_LEN..h.total_len())?;
+    parse_records(&h, batch_bytes.get(BATCH_HEADER_LEN..h.total_len())?)
+}
+
+/// The records of any data batch, compressed or not: a compressed batch is decompressed into
+/// `scratch` (reused between calls) and the records borrow from it. `None` for a control
+/// batch, an unknown codec, a body that does not decompress within
+/// [`MAX_DECOMPRESSED_BYTES`], or records that do not parse; such a batch is kept whole.
+pub fn records_in<'a>(
+    batch_bytes: &'a [u8],
+    scratch: &'a mut Vec<u8>,
+) -> Option<Vec<RecordRef<'a>>> {
+    let h = batch::peek_header(batch_bytes).ok()?;
+    if h.is_control() {
+        return None;
+    }
+    let raw = batch_bytes.get(BATCH_HEADER_LEN..h.total_len())?;
+    let body: &'a [u8] = match Codec::from_attributes(h.attributes).ok()? {
+        None => raw,
+        Some(codec) => {
+            codec
+                .decompress(raw, MAX_DECOMPRESSED_BYTES, scratch)
+                .ok()?;
+            scratch
+        }
+    };
+    parse_records(&h, body)
+}
+
+/// Walks the records of an (uncompressed) batch body.
+fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a>>> {
     let mut out = Vec::with_capacity(h.record_count.clamp(0, 4096) as usize);
     let mut at = 0;
     while at < body.len() {
@@ -108,7 +147,9 @@ pub fn key_digest(key: &[u8]) -> u128 {
 }
 
 /// The batch rebuilt from the records `keep` accepts: same header fields, fewer records, a new
-/// length and CRC. `Kept::All` when every record stays, `Kept::None` when none does.
+/// length and CRC; a compressed batch's kept records are compressed again with its codec.
+/// `Kept::All` when every record stays (or a compressed batch could not be rebuilt),
+/// `Kept::None` when none does.
 pub enum Kept {
     All,
     None,
@@ -128,16 +169,45 @@ pub fn filter_batch(
         return Kept::None;
     }
     let body_len: usize = kept.iter().map(|r| r.bytes.len()).sum();
+    let attributes = i16::from_be_bytes([batch_bytes[21], batch_bytes[22]]);
     let mut out = Vec::with_capacity(BATCH_HEADER_LEN + body_len);
     out.extend_from_slice(&batch_bytes[..BATCH_HEADER_LEN]);
-    for r in &kept {
-        out.extend_from_slice(r.bytes);
+    match Codec::from_attributes(attributes) {
+        Ok(None) => {
+            for r in &kept {
+                out.extend_from_slice(r.bytes);
+            }
+        }
+        Ok(Some(codec)) => {
+            let mut raw = Vec::with_capacity(body_len);
+            for r in &kept {
+                raw.extend_from_slice(r.bytes);
+            }
+            if codec.compress(&raw, &mut out).is_err() {
+                return Kept::All;
+            }
+        }
+        Err(_) => return Kept::All,
     }
     let batch_length = (out.len() - LOG_OVERHEAD) as i32;
     out[8..12].copy_from_slice(&batch_length.to_be_bytes());
     out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
     batch::seal_crc(&mut out);
     Kept::Some(out)
+}
+
+/// The header of `batch_bytes` alone, with no records: what compaction leaves of a producer's
+/// last batch when all its records are removed, so that the producer's sequence and epoch
+/// survive in the log (as Kafka's cleaner does). Offsets, timestamps and producer fields are
+/// kept; the codec bits are cleared, as there is nothing to decompress.
+pub fn empty_batch(batch_bytes: &[u8]) -> Vec<u8> {
+    let mut out = batch_bytes[..BATCH_HEADER_LEN].to_vec();
+    let attributes = i16::from_be_bytes([out[21], out[22]]) & !0x07;
+    out[21..23].copy_from_slice(&attributes.to_be_bytes());
+    out[8..12].copy_from_slice(&((BATCH_HEADER_LEN - LOG_OVERHEAD) as i32).to_be_bytes());
+    out[57..61].copy_from_slice(&0i32.to_be_bytes());
+    batch::seal_crc(&mut out);
+    out
 }
 
 #[cfg(test)]
@@ -200,6 +270,59 @@ mod tests {
         );
         assert!(matches!(filter_batch(&b, &rs, |_| true), Kept::All));
         assert!(matches!(filter_batch(&b, &rs, |_| false), Kept::None));
+    }
+
+    // A compressed batch's records are read, and the rebuilt batch is compressed with the same
+    // codec; an emptied producer batch keeps its header fields and verifies.
+    #[test]
+    fn compressed_filter_and_empty() {
+        let plain = build_batch(
+            BatchSpec {
+                base_offset: 50,
+                producer_id: 3,
+                producer_epoch: 1,
+                base_sequence: 7,
+                ..Default::default()
+            },
+            &[(Some(b"x"), Some(b"1")), (Some(b"y"), Some(b"2"))],
+        );
+        let mut b = plain[..BATCH_HEADER_LEN].to_vec();
+        Codec::Zstd
+            .compress(&plain[BATCH_HEADER_LEN..], &mut b)
+            .unwrap();
+        b[21..23].copy_from_slice(&4i16.to_be_bytes());
+        let len = (b.len() - LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        batch::seal_crc(&mut b);
+        assert!(
+            records(&b).is_none(),
+            "records() reads uncompressed batches only"
+        );
+        let mut scratch = Vec::new();
+        let rs = records_in(&b, &mut scratch).unwrap();
+        assert_eq!(rs.iter().map(|r| r.offset).collect::<Vec<_>>(), [50, 51]);
+        let Kept::Some(nb) = filter_batch(&b, &rs, |r| r.offset == 51) else {
+            panic!("expected a rebuilt batch")
+        };
+        let h = verify_batch(&nb).unwrap();
+        assert_eq!(
+            (h.compression(), h.record_count, h.last_offset()),
+            (4, 1, 51)
+        );
+        let mut scratch2 = Vec::new();
+        let kept = records_in(&nb, &mut scratch2).unwrap();
+        assert_eq!((kept[0].offset, kept[0].key), (51, Some(&b"y"[..])));
+        let e = verify_batch(&empty_batch(&b)).unwrap();
+        assert_eq!(
+            (
+                e.record_count,
+                e.compression(),
+                e.last_offset(),
+                e.base_sequence
+            ),
+            (0, 0, 51, 7)
+        );
+        assert_eq!(e.total_len(), BATCH_HEADER_LEN);
     }
 
     // Garbage never panics the record walker.

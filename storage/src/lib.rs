@@ -12,6 +12,7 @@
 //! started after the write completed. One fdatasync serves every waiter whose write completed
 //! before it started (group commit).
 
+mod codec;
 mod compaction;
 mod error;
 mod index;
@@ -45,9 +46,34 @@ pub type Offset = i64;
 )]
 pub struct LeaderEpoch(pub i32);
 
-/// (offset, key as UTF-8) of each record of an uncompressed batch, for tests and tools.
+/// The highest leader epoch stored in a partition directory (its manifest and its segment
+/// names), 0 for a partition never written. A new leader opens the log one above it, so its
+/// first write starts a segment no earlier leader can have named.
+pub fn stored_leader_epoch(dir: &std::path::Path) -> Result<i32, StorageError> {
+    let mut epoch = manifest::Manifest::load(dir)?.map_or(0, |m| m.leader_epoch);
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries.flatten() {
+                if let Some((_, e)) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(segment::parse_segment_file_name)
+                {
+                    epoch = epoch.max(e);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StorageError::io("listing", dir, e)),
+    }
+    Ok(epoch)
+}
+
+/// (offset, key as UTF-8) of each record of a data batch (decompressed if it is compressed),
+/// for tests and tools.
 pub fn compaction_records(batch: &[u8]) -> Option<Vec<(i64, String)>> {
-    compaction::records(batch).map(|rs| {
+    let mut scratch = Vec::new();
+    compaction::records_in(batch, &mut scratch).map(|rs| {
         rs.into_iter()
             .map(|r| {
                 (

@@ -975,6 +975,9 @@ impl PartitionLog {
     /// Compacts sealed segments (`cleanup.policy` with `compact`): keeps the latest record of
     /// every key, drops tombstones older than `delete.retention.ms`, leaves segments holding
     /// records newer than `min.compaction.lag.ms` alone, and never touches the active segment.
+    /// Compressed batches are decompressed, filtered the same way and compressed again with
+    /// their codec. A batch that loses every record is dropped, unless it is its producer's
+    /// last, which stays as an empty header so the producer's sequence survives.
     ///
     /// Appends are not blocked: cleaned copies are written beside the segments without the
     /// write lock, which is taken only to swap each copy in (rename over the old file, which
@@ -1015,14 +1018,24 @@ impl PartitionLog {
                 }
             }
         }
+        // The latest offset of every key, and the last batch of every producer (kept, emptied
+        // if need be, so that its sequence survives in the log).
         let mut latest: std::collections::HashMap<u128, i64> = std::collections::HashMap::new();
+        let mut producer_last: std::collections::HashMap<i64, i64> =
+            std::collections::HashMap::new();
+        let mut scratch = Vec::new();
         for (_, _, bytes, _, _) in &views {
             let mut at = 0;
             while at < bytes.len() {
                 let Ok(h) = batch::peek_header(&bytes[at..]) else {
                     break;
                 };
-                if let Some(recs) = compaction::records(&bytes[at..at + h.total_len()]) {
+                if h.has_producer_id() {
+                    producer_last.insert(h.producer_id, h.last_offset());
+                }
+                if let Some(recs) =
+                    compaction::records_in(&bytes[at..at + h.total_len()], &mut scratch)
+                {
                     for r in recs {
                         if let Some(k) = r.key {
                             latest.insert(compaction::key_digest(k), r.offset);
@@ -1050,9 +1063,21 @@ impl PartitionLog {
                 };
                 let whole = &bytes[at..at + h.total_len()];
                 at += h.total_len();
-                let kept: std::borrow::Cow<[u8]> = match compaction::records(whole) {
+                glommio::yield_if_needed().await;
+                let kept: std::borrow::Cow<[u8]> = match compaction::records_in(whole, &mut scratch)
+                {
                     None => whole.into(),
                     Some(recs) => {
+                        // A producer's last batch stays, if only as an empty header, so that
+                        // the producer's sequence and epoch are still in the log after a
+                        // restart without a producer snapshot (as Kafka's cleaner does).
+                        let producers_last = h.has_producer_id()
+                            && producer_last.get(&h.producer_id) == Some(&h.last_offset());
+                        if recs.is_empty() && !producers_last {
+                            // Emptied earlier for its producer, which has written since.
+                            changed = true;
+                            continue;
+                        }
                         let keep = |r: &compaction::RecordRef<'_>| match r.key {
                             None => true,
                             Some(k) => {
@@ -1064,7 +1089,10 @@ impl PartitionLog {
                             compaction::Kept::All => whole.into(),
                             compaction::Kept::None => {
                                 changed = true;
-                                continue;
+                                if !producers_last {
+                                    continue;
+                                }
+                                compaction::empty_batch(whole).into()
                             }
                             compaction::Kept::Some(b) => {
                                 changed = true;
