@@ -47,6 +47,10 @@ impl BatchIndex {
     pub fn find_timestamp(&self, ts: i64) -> Option<usize> {
         self.entries.iter().position(|e| e.max_timestamp >= ts)
     }
+    /// The largest max timestamp of any batch (`None` when empty).
+    pub fn newest_timestamp(&self) -> Option<i64> {
+        self.entries.iter().map(|e| e.max_timestamp).max()
+    }
     pub fn max_timestamp(&self) -> Option<&BatchEntry> {
         self.entries
             .iter()

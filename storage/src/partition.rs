@@ -25,7 +25,7 @@ const PREALLOCATE_MAX_BYTES: u64 = 8 * 1024 * 1024;
 type Waiter = futures::channel::oneshot::Sender<Result<(), StorageError>>;
 
 /// Per-partition log settings (Kafka's topic config names in the comments).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LogConfig {
     /// `segment.bytes`: roll the active segment when an append would take it past this.
     pub segment_bytes: u64,
@@ -45,6 +45,11 @@ pub struct LogConfig {
     pub delete_retention_ms: i64,
     /// `min.compaction.lag.ms`: segments with records newer than this are not compacted.
     pub min_compaction_lag_ms: i64,
+    /// `min.cleanable.dirty.ratio` (0.0 to 1.0, Kafka's default 0.5): compaction runs only when
+    /// the bytes written since the last cleaning (the dirty section, from the cleaner
+    /// checkpoint to the first segment that may not be cleaned yet) make up at least this
+    /// share of the cleanable log.
+    pub min_cleanable_dirty_ratio: f64,
     /// `flush.ms`: data not yet fsynced (acks=0/1 writes) is fsynced within this long.
     pub flush_ms: u64,
     /// `flush.messages`: fsync once this many messages are not yet durable.
@@ -65,6 +70,7 @@ impl Default for LogConfig {
             compact_enabled: false,
             delete_retention_ms: 24 * 3600 * 1000,
             min_compaction_lag_ms: 0,
+            min_cleanable_dirty_ratio: 0.5,
             flush_ms: 1000,
             flush_messages: u64::MAX,
             fsync_timeout_ms: 30_000,
@@ -143,8 +149,9 @@ pub struct PartitionLog {
     /// Woken whenever the log end offset moves, for Fetch long-polls.
     data_waiters: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
     closed: Cell<bool>,
-    /// Log end offset when compaction last ran; nothing new since then means nothing to do.
-    compacted_at_end: Cell<i64>,
+    /// The cleaner checkpoint: every segment below this offset has been compacted, so its keys
+    /// are unique among themselves (persisted in `cleaner-checkpoint`).
+    cleaner_checkpoint: Cell<i64>,
 }
 
 impl PartitionLog {
@@ -247,6 +254,7 @@ impl PartitionLog {
             }
             .store(&dir)?;
         }
+        let cleaner_checkpoint = load_cleaner_checkpoint(&dir);
         Ok(Rc::new(PartitionLog {
             dir,
             config: RefCell::new(config),
@@ -266,7 +274,7 @@ impl PartitionLog {
             write_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
-            compacted_at_end: Cell::new(-1),
+            cleaner_checkpoint: Cell::new(cleaner_checkpoint),
         }))
     }
 
@@ -985,16 +993,51 @@ impl PartitionLog {
     /// segments rewritten.
     pub async fn compact(&self, now_ms: i64) -> Result<usize, StorageError> {
         let cfg = self.config.borrow().clone();
-        if !cfg.compact_enabled
-            || self.closed.get()
-            || self.log_end_offset() == self.compacted_at_end.get()
-        {
+        if !cfg.compact_enabled || self.closed.get() {
             return Ok(0);
         }
-        let end_at_start = self.log_end_offset();
-        // 1. The latest offset of every key, over the whole log (the active segment included:
-        //    a newer value there makes older ones obsolete).
+        // 0. Plan from the segment list alone (no IO): the cleanable segments are the sealed
+        //    ones before the first that holds records newer than `min.compaction.lag.ms`;
+        //    those below the checkpoint are clean, the rest dirty. Nothing is read unless the
+        //    dirty share reaches `min.cleanable.dirty.ratio`.
+        let plan = {
+            let st = self.state.borrow();
+            let last = st.segments.len() - 1;
+            let lag_bound = now_ms.saturating_sub(cfg.min_compaction_lag_ms);
+            let first_uncleanable = st.segments[..last]
+                .iter()
+                .position(|s| s.index.newest_timestamp().unwrap_or(i64::MIN) > lag_bound)
+                .unwrap_or(last);
+            let checkpoint = self.cleaner_checkpoint.get();
+            // A segment is clean when it ends at or before the checkpoint (the checkpoint is
+            // always a segment boundary: the base offset of a segment that was not cleaned).
+            let ends_by_checkpoint = |k: usize| st.segments[k + 1].base_offset <= checkpoint;
+            let (mut clean_bytes, mut dirty_bytes) = (0u64, 0u64);
+            for k in 0..first_uncleanable {
+                if ends_by_checkpoint(k) {
+                    clean_bytes += st.segments[k].size;
+                } else {
+                    dirty_bytes += st.segments[k].size;
+                }
+            }
+            let ratio = dirty_bytes as f64 / (clean_bytes + dirty_bytes).max(1) as f64;
+            if dirty_bytes == 0 || ratio < cfg.min_cleanable_dirty_ratio {
+                return Ok(0);
+            }
+            CleaningPlan {
+                first_uncleanable,
+                first_dirty: (0..first_uncleanable)
+                    .find(|&k| !ends_by_checkpoint(k))
+                    .unwrap_or(first_uncleanable),
+                new_checkpoint: st.segments[first_uncleanable].base_offset,
+            }
+        };
+        // 1. Map every segment: the cleanable ones are rewritten; keys are collected from the
+        //    dirty ones onwards (the active segment included: a newer value there makes older
+        //    ones obsolete). The clean section's keys are unique among themselves already, so
+        //    it is only filtered against the map, never read into it.
         let mut views: Vec<(i64, u64, Bytes, bool, i64)> = Vec::new(); // base, size, bytes, cleanable, newest ts
+        let mut first_keyed_view = 0;
         {
             let st = self.state.borrow();
             let last = st.segments.len() - 1;
@@ -1004,17 +1047,18 @@ impl PartitionLog {
                 } else {
                     map_prefix(&seg.path, seg.size)?
                 };
-                let newest = seg
-                    .index
-                    .entries()
-                    .iter()
-                    .map(|e| e.max_timestamp)
-                    .max()
-                    .unwrap_or(i64::MIN);
-                let cleanable =
-                    k < last && newest <= now_ms.saturating_sub(cfg.min_compaction_lag_ms);
+                if k < plan.first_dirty {
+                    first_keyed_view = views.len() + usize::from(bytes.is_some());
+                }
+                let newest = seg.index.newest_timestamp().unwrap_or(i64::MIN);
                 if let Some(bytes) = bytes {
-                    views.push((seg.base_offset, seg.size, bytes, cleanable, newest));
+                    views.push((
+                        seg.base_offset,
+                        seg.size,
+                        bytes,
+                        k < plan.first_uncleanable,
+                        newest,
+                    ));
                 }
             }
         }
@@ -1024,7 +1068,7 @@ impl PartitionLog {
         let mut producer_last: std::collections::HashMap<i64, i64> =
             std::collections::HashMap::new();
         let mut scratch = Vec::new();
-        for (_, _, bytes, _, _) in &views {
+        for (v, (_, _, bytes, _, _)) in views.iter().enumerate() {
             let mut at = 0;
             while at < bytes.len() {
                 let Ok(h) = batch::peek_header(&bytes[at..]) else {
@@ -1032,6 +1076,11 @@ impl PartitionLog {
                 };
                 if h.has_producer_id() {
                     producer_last.insert(h.producer_id, h.last_offset());
+                }
+                if v < first_keyed_view {
+                    // Clean section: only the producers (from the header) are needed.
+                    at += h.total_len();
+                    continue;
                 }
                 if let Some(recs) =
                     compaction::records_in(&bytes[at..at + h.total_len()], &mut scratch)
@@ -1078,10 +1127,13 @@ impl PartitionLog {
                             changed = true;
                             continue;
                         }
+                        // A key missing from the map was not written since the checkpoint.
                         let keep = |r: &compaction::RecordRef<'_>| match r.key {
                             None => true,
                             Some(k) => {
-                                latest.get(&compaction::key_digest(k)) == Some(&r.offset)
+                                latest
+                                    .get(&compaction::key_digest(k))
+                                    .is_none_or(|o| *o == r.offset)
                                     && !(r.is_tombstone && newest < tombstone_horizon)
                             }
                         };
@@ -1115,7 +1167,14 @@ impl PartitionLog {
                 rewritten += 1;
             }
         }
-        self.compacted_at_end.set(end_at_start);
+        // Everything before the first uncleanable segment is clean now. Recorded only after
+        // the rewrites above were swapped in, so a crash before this costs a re-cleaning, never
+        // a skipped one.
+        self.cleaner_checkpoint.set(plan.new_checkpoint);
+        crate::manifest::write_atomically(
+            &self.dir.join(CLEANER_CHECKPOINT_FILE),
+            format!("{}\n", plan.new_checkpoint).as_bytes(),
+        )?;
         if rewritten > 0 {
             tracing::info!(dir = %self.dir.display(), segments = rewritten, "compacted");
         }
@@ -1250,4 +1309,26 @@ fn map_prefix(path: &Path, len: u64) -> Result<Option<Bytes>, StorageError> {
     let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
         .map_err(|e| StorageError::io("mapping segment", path, e))?;
     Ok(Some(Bytes::from_owner(map)))
+}
+
+/// Where compaction stopped last time (see `PartitionLog::cleaner_checkpoint`).
+const CLEANER_CHECKPOINT_FILE: &str = "cleaner-checkpoint";
+
+/// What one compaction run covers, as segment positions at planning time.
+struct CleaningPlan {
+    /// Segments before this one may be rewritten.
+    first_uncleanable: usize,
+    /// The first segment past the cleaner checkpoint: keys are collected from here on.
+    first_dirty: usize,
+    /// The checkpoint once this run is done: the base offset of the first uncleanable segment.
+    new_checkpoint: i64,
+}
+
+/// The persisted cleaner checkpoint; 0 (nothing clean) when missing or unreadable, which costs a
+/// full cleaning, never a wrong one.
+fn load_cleaner_checkpoint(dir: &Path) -> i64 {
+    std::fs::read_to_string(dir.join(CLEANER_CHECKPOINT_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }

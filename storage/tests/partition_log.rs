@@ -267,3 +267,77 @@ fn compaction_keeps_latest_per_key() {
         assert_eq!(log.log_end_offset(), before_end);
     });
 }
+
+// min.cleanable.dirty.ratio: after a cleaning, compaction leaves the log alone while the bytes
+// written since (the dirty section) are below the ratio of the cleanable log, and cleans once
+// they reach it; the cleaner checkpoint survives a reopen.
+#[test]
+fn compaction_waits_for_dirty_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let cfg = LogConfig {
+            segment_bytes: 1, // every append rolls: one batch per segment
+            compact_enabled: true,
+            delete_enabled: false,
+            ..LogConfig::default()
+        };
+        assert_eq!(cfg.min_cleanable_dirty_ratio, 0.5, "Kafka's default");
+        let put = |log: Rc<PartitionLog>, key: String| async move {
+            let v = [b'v'; 100];
+            let b = build_batch(
+                BatchSpec {
+                    timestamp: 1,
+                    ..Default::default()
+                },
+                &[(Some(key.as_bytes()), Some(&v[..]))],
+            );
+            append(&log, &b).await.base_offset()
+        };
+        let first_key_at = |log: Rc<PartitionLog>| async move {
+            let r = log.read(0, 1).await.unwrap();
+            kaas_storage::compaction_records(&r.records).unwrap()[0].clone()
+        };
+        let checkpoint = |p: &std::path::Path| {
+            std::fs::read_to_string(p.join("cleaner-checkpoint"))
+                .unwrap()
+                .trim()
+                .parse::<i64>()
+                .unwrap()
+        };
+        let log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        for i in 0..10 {
+            put(log.clone(), format!("k{i}")).await;
+        }
+        let active = put(log.clone(), "z0".into()).await;
+        // Everything is dirty at first: the cleaner runs (nothing is superseded yet).
+        assert_eq!(log.compact(1000).await.unwrap(), 0);
+        assert_eq!(checkpoint(&path), active);
+        log.close().await.unwrap();
+        drop(log);
+
+        let log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        // 3 dirty segments of 13: below 0.5, so k0's first record stays although superseded.
+        put(log.clone(), "k0".into()).await;
+        put(log.clone(), "k1".into()).await;
+        put(log.clone(), "z1".into()).await;
+        assert_eq!(log.compact(1000).await.unwrap(), 0);
+        assert_eq!(first_key_at(log.clone()).await, (0, "k0".to_string()));
+        assert_eq!(checkpoint(&path), active);
+        // 12 dirty segments of 22: at or above 0.5, so the clean section is filtered too.
+        for i in 2..10 {
+            put(log.clone(), format!("k{i}")).await;
+        }
+        let active = put(log.clone(), "z2".into()).await;
+        assert!(log.compact(1000).await.unwrap() >= 10);
+        let (first, key) = first_key_at(log.clone()).await;
+        assert!(first >= 10, "superseded {key}@{first} survived");
+        assert_eq!(checkpoint(&path), active);
+        // Nothing new: nothing to do.
+        assert_eq!(log.compact(1000).await.unwrap(), 0);
+    });
+}
