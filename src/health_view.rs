@@ -14,7 +14,17 @@ use kaas_shard::probe::{api_name, LatencyProbe, ShardProbe, API_KEYS, LATENCY_BU
 /// A shard whose tick has not moved for this long is reported dead.
 const SHARD_STALL: Duration = Duration::from_secs(2);
 
+/// What cluster mode adds to the health view (set once cluster mode has started).
+pub struct ClusterHealth {
+    pub view: Arc<kaas_shard::cluster::ClusterView>,
+    pub status: tokio::sync::watch::Receiver<kaas_control::heartbeat::LocalStatus>,
+    pub assignment: tokio::sync::watch::Receiver<Option<Arc<kaas_control::assignment::Assignment>>>,
+    pub leadership: tokio::sync::watch::Receiver<kaas_control::lease::Leadership>,
+}
+
 pub struct HealthView {
+    /// Cluster mode's state, once started.
+    pub cluster: std::sync::OnceLock<ClusterHealth>,
     config: Arc<BrokerConfig>,
     catalog: Arc<Catalog>,
     probes: Vec<Arc<ShardProbe>>,
@@ -37,6 +47,7 @@ impl HealthView {
                 .collect(),
         );
         HealthView {
+            cluster: std::sync::OnceLock::new(),
             config,
             catalog,
             probes,
@@ -85,7 +96,7 @@ impl HealthView {
                 })
             })
             .collect();
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "status": if all_alive { "ok" } else { "degraded" },
             "version": env!("CARGO_PKG_VERSION"),
             "mode": "single-node",
@@ -98,7 +109,22 @@ impl HealthView {
             "partitions_led": partitions,
             "shards": shards,
         });
-        (all_alive, all_alive && bound, body)
+        let mut serving = true;
+        if let Some(c) = self.cluster.get() {
+            let assignment = c.assignment.borrow().clone();
+            let status = c.status.borrow().clone();
+            let leadership = c.leadership.borrow().clone();
+            serving = crate::cluster::serving_all_assigned(
+                assignment.as_deref(),
+                &status,
+                self.config.broker_id,
+            );
+            body["mode"] = "cluster".into();
+            body["partitions_led"] = status.partitions.len().into();
+            body["cluster"] =
+                crate::cluster::health_json(&c.view, assignment.as_deref(), &status, &leadership);
+        }
+        (all_alive, all_alive && bound && serving, body)
     }
 }
 
@@ -118,8 +144,10 @@ impl HealthSource for HealthView {
             "serving".to_string()
         } else if !bound {
             "Kafka listener not bound on every shard".to_string()
-        } else {
+        } else if body["status"] != "ok" {
             "a shard is not alive".to_string()
+        } else {
+            "not yet serving every partition assigned to this broker".to_string()
         };
         (
             ready,

@@ -3,12 +3,14 @@
 //! SIGTERM or SIGINT.
 
 mod alloc;
+mod cluster;
 mod health_view;
 mod uring_check;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
@@ -54,9 +56,48 @@ struct Args {
     /// How often retention (retention.ms, retention.bytes) is applied, in milliseconds.
     #[arg(long, env = "KAAS_RETENTION_CHECK_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
     retention_check_interval_ms: u64,
-    /// This broker's id (node id in Metadata).
-    #[arg(long, env = "KAAS_BROKER_ID", default_value_t = 0)]
-    broker_id: i32,
+    /// This broker's id (node id in Metadata). Defaults to 0; in cluster mode inside a pod, to
+    /// the StatefulSet ordinal taken from the hostname (kaas-2 → 2).
+    #[arg(long, env = "KAAS_BROKER_ID", value_parser = clap::value_parser!(i32).range(0..))]
+    broker_id: Option<i32>,
+    /// Cluster mode: the Lease backend that elects the controller (`kube`: the kaas-controller
+    /// Lease in the pod's namespace; `file`: <data-dir>/__cluster/lease.json, for brokers sharing
+    /// a directory on one host or NFS). Without it kaas is a single node. In cluster mode
+    /// --data-dir is the volume every broker shares.
+    #[arg(long, env = "KAAS_LEASE", value_enum)]
+    lease: Option<cluster::LeaseKind>,
+    /// Cluster mode: address the heartbeat gRPC server binds while this broker is controller.
+    #[arg(long, env = "KAAS_HEARTBEAT_LISTEN", default_value = "0.0.0.0:9094")]
+    heartbeat_listen: SocketAddr,
+    /// Cluster mode: HOST:PORT other brokers dial for this broker's heartbeat server. Defaults
+    /// to the advertised Kafka host with the heartbeat port (or the listen address if specific).
+    #[arg(long, env = "KAAS_HEARTBEAT_ADVERTISED")]
+    heartbeat_advertised: Option<String>,
+    /// Cluster mode: this broker's rack (zone); the balancer spreads each topic across racks.
+    #[arg(long, env = "KAAS_RACK")]
+    rack: Option<String>,
+    /// Cluster mode: Lease duration in ms (a candidate takes over a Lease unchanged this long).
+    #[arg(long, env = "KAAS_LEASE_DURATION_MS", default_value_t = 15_000)]
+    lease_duration_ms: u64,
+    /// Cluster mode: renew deadline in ms (a controller that could not renew for this long stops
+    /// acting). Must be below the lease duration.
+    #[arg(long, env = "KAAS_LEASE_RENEW_DEADLINE_MS", default_value_t = 10_000)]
+    lease_renew_deadline_ms: u64,
+    /// Cluster mode: Lease retry period in ms (renewal and candidate polling interval).
+    #[arg(long, env = "KAAS_LEASE_RETRY_PERIOD_MS", default_value_t = 2_000)]
+    lease_retry_period_ms: u64,
+    /// Cluster mode: how long after its last acknowledged heartbeat a broker keeps
+    /// acknowledging writes, in ms. The controller hands a silent broker's partitions over
+    /// only after this plus --handover-margin-ms.
+    #[arg(long, env = "KAAS_WRITE_FENCE_MS", default_value_t = 2_500, value_parser = clap::value_parser!(u64).range(500..))]
+    write_fence_ms: u64,
+    /// Cluster mode: safety margin added to the write fence before a silent broker's partitions
+    /// move (clock drift, scheduling delay, a write in flight).
+    #[arg(long, env = "KAAS_HANDOVER_MARGIN_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(200..))]
+    handover_margin_ms: u64,
+    /// Cluster mode: how long a SIGTERM waits for this broker's partitions to move away.
+    #[arg(long, env = "KAAS_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
+    drain_timeout_ms: u64,
     /// Log filter (tracing-subscriber EnvFilter syntax), e.g. "info" or "kaas_shard=debug".
     #[arg(long, env = "KAAS_LOG", default_value = "info")]
     log: String,
@@ -82,11 +123,11 @@ fn parse_advertised(s: &str) -> anyhow::Result<(String, u16)> {
 
 /// Holds an exclusive lock on the data directory for the life of the process, so two brokers
 /// can never write the same logs.
-fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+fn lock_data_dir(dir: &std::path::Path, name: &str) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating data directory {}", dir.display()))?;
-    let path = dir.join(".lock");
+    let path = dir.join(name);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -95,9 +136,52 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: flock on a file descriptor we own; no memory is involved.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!("data directory {} is in use by another kaas process (lock {} is held); stop it or choose another --data-dir", dir.display(), path.display());
+        bail!("data directory {} is in use by another kaas process (lock {} is held); stop it, choose another --data-dir, or (cluster mode) another --broker-id", dir.display(), path.display());
     }
     Ok(file)
+}
+
+/// Cluster mode's settings from the flags, checked.
+fn cluster_config(
+    args: &Args,
+    lease: cluster::LeaseKind,
+    broker_id: i32,
+    config: &BrokerConfig,
+) -> anyhow::Result<cluster::ClusterConfig> {
+    let election = kaas_control::election::ElectionConfig {
+        lease_duration_ms: args.lease_duration_ms,
+        renew_deadline_ms: args.lease_renew_deadline_ms,
+        retry_period_ms: args.lease_retry_period_ms,
+    };
+    election.validate().context("lease timings")?;
+    let heartbeat_advertised = match &args.heartbeat_advertised {
+        Some(a) => a.clone(),
+        None if args.heartbeat_listen.ip().is_unspecified() => {
+            format!(
+                "{}:{}",
+                config.advertised_host,
+                args.heartbeat_listen.port()
+            )
+        }
+        None => args.heartbeat_listen.to_string(),
+    };
+    let fence = Duration::from_millis(args.write_fence_ms);
+    Ok(cluster::ClusterConfig {
+        lease,
+        broker_id,
+        rack: args.rack.clone(),
+        heartbeat_listen: args.heartbeat_listen,
+        heartbeat_advertised,
+        election,
+        timing: kaas_control::handover::Timing {
+            broker_fence: fence,
+            release_after: fence + Duration::from_millis(args.handover_margin_ms),
+        },
+        // Five statuses per fence: a few may be lost or late before writes stop.
+        status_interval: fence / 5,
+        data_dir: args.data_dir.clone(),
+        advertised: (config.advertised_host.clone(), config.advertised_port),
+    })
 }
 
 /// The shards' listeners use SO_REUSEPORT, which would let a second broker share this port
@@ -190,8 +274,15 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or(1)
         })
         .max(1);
+    let broker_id = match (args.broker_id, args.lease) {
+        (Some(id), _) => id,
+        (None, None) => 0,
+        (None, Some(_)) => cluster::ordinal_from_hostname().context(
+            "cluster mode needs --broker-id (or a StatefulSet pod hostname ending in -N)",
+        )?,
+    };
     let config = BrokerConfig {
-        broker_id: args.broker_id,
+        broker_id,
         listen: args.listen,
         advertised_host,
         advertised_port,
@@ -204,14 +295,35 @@ fn run(args: Args) -> anyhow::Result<()> {
         retention_check_interval_ms: args.retention_check_interval_ms,
     };
     uring_check::check(args.io_memory_bytes, shards)?;
-    let _lock = lock_data_dir(&args.data_dir)?;
+    // Brokers of a cluster share the data directory: each locks its own id there instead.
+    let lock_name = match args.lease {
+        Some(_) => format!(".lock-broker-{broker_id}"),
+        None => ".lock".to_string(),
+    };
+    let _lock = lock_data_dir(&args.data_dir, &lock_name)?;
+    let cluster_config = match args.lease {
+        Some(lease) => Some(cluster_config(&args, lease, broker_id, &config)?),
+        None => None,
+    };
+    let view = Arc::new(match &cluster_config {
+        Some(_) => kaas_shard::cluster::ClusterView::cluster(
+            broker_id,
+            config.advertised_host.clone(),
+            config.advertised_port,
+        ),
+        None => kaas_shard::cluster::ClusterView::single(
+            broker_id,
+            config.advertised_host.clone(),
+            config.advertised_port,
+        ),
+    });
     wait_for_free_port(args.listen)?;
     // Bind the health endpoint first so a port clash fails before any data is touched.
     let health = std::net::TcpListener::bind(args.health_listen)
         .with_context(|| format!("binding the health endpoint on {}", args.health_listen))?;
     health.set_nonblocking(true)?;
 
-    let runtime = kaas_shard::start(config).context("starting the shards")?;
+    let runtime = kaas_shard::start(config, view.clone()).context("starting the shards")?;
     tracing::info!(
         listen = %runtime.config.listen,
         advertised = %format!("{}:{}", runtime.config.advertised_host, runtime.config.advertised_port),
@@ -222,12 +334,18 @@ fn run(args: Args) -> anyhow::Result<()> {
         "kaas is serving"
     );
 
-    let view = Arc::new(health_view::HealthView::new(
+    let health_view = Arc::new(health_view::HealthView::new(
         runtime.config.clone(),
         runtime.catalog.clone(),
         runtime.probes.clone(),
     ));
+    let shards_for_cluster = cluster::Shards {
+        view: view.clone(),
+        control: runtime.control.clone(),
+        catalog: runtime.catalog.clone(),
+    };
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<&'static str>();
+    let drain_timeout_ms = args.drain_timeout_ms;
     std::thread::Builder::new()
         .name("kaas-control".into())
         .spawn(move || {
@@ -237,7 +355,26 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .expect("control runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(health).expect("health listener");
-                tokio::spawn(kaas_control::health::serve(listener, view));
+                tokio::spawn(kaas_control::health::serve(listener, health_view.clone()));
+                let mut cluster_handle = None;
+                if let Some(cc) = cluster_config {
+                    match cluster::start(cc, shards_for_cluster).await {
+                        Ok(handle) => {
+                            let _ = health_view.cluster.set(health_view::ClusterHealth {
+                                view: view.clone(),
+                                status: handle.status.clone(),
+                                assignment: handle.assignment.clone(),
+                                leadership: handle.leadership.clone(),
+                            });
+                            cluster_handle = Some(handle);
+                        }
+                        Err(e) => {
+                            tracing::error!("cluster mode failed to start: {e:#}");
+                            let _ = stop_tx.send("cluster mode failed to start");
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                }
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                         .expect("SIGTERM handler");
@@ -248,6 +385,20 @@ fn run(args: Args) -> anyhow::Result<()> {
                     _ = term.recv() => "SIGTERM",
                     _ = int.recv() => "SIGINT",
                 };
+                if let Some(handle) = cluster_handle.as_mut() {
+                    // Drain: report draining (and give the Lease up), let the controller move
+                    // our partitions while we can still hand them over, then stop.
+                    tracing::info!(signal = which, "draining: waiting for this broker's partitions to move");
+                    let _ = handle.drain.send(true);
+                    let drained = handle
+                        .drained(broker_id, Duration::from_millis(drain_timeout_ms))
+                        .await;
+                    if drained {
+                        tracing::info!("drained: no partition is assigned to this broker any more");
+                    } else {
+                        tracing::warn!(timeout_ms = drain_timeout_ms, "drain timed out; stopping with partitions still assigned (they move once this broker is seen gone)");
+                    }
+                }
                 let _ = stop_tx.send(which);
                 // Keep answering probes while the shards drain.
                 std::future::pending::<()>().await;

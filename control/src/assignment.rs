@@ -97,6 +97,35 @@ pub struct Assignment {
     /// Consumer group → coordinator, computed with [`coordinator_for_group`].
     #[serde(default)]
     pub consumer_groups: BTreeMap<String, BrokerId>,
+    /// Partitions between leaders: taken from `from`, not yet given to `to`, because `from`
+    /// has neither confirmed that it stopped acknowledging writes nor been silent long enough
+    /// to have stopped on its own (see [`crate::handover`]). They have no leader meanwhile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<PendingMove>,
+}
+
+/// A partition on its way from one leader to another (see [`Assignment::pending`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMove {
+    /// Topic.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// The leader that must stop first.
+    pub from: BrokerId,
+    /// The leader it goes to once `from` has stopped.
+    pub to: BrokerId,
+    /// `(controller_epoch, assignment_version)` of the first file that took the partition from
+    /// `from`: once `from` reports having applied this (or a later) file, it has closed the
+    /// partition.
+    pub since: (u64, u64),
+}
+
+impl PendingMove {
+    /// The partition.
+    pub fn tp(&self) -> TopicPartition {
+        TopicPartition::new(self.topic.clone(), self.partition)
+    }
 }
 
 /// Serializes the partition map as a sorted list of `{topic, partition, leader}` rows and
@@ -149,6 +178,7 @@ impl Assignment {
             brokers,
             partitions,
             consumer_groups: BTreeMap::new(),
+            pending: Vec::new(),
         };
         out.consumer_groups = groups
             .into_iter()

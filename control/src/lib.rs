@@ -10,6 +10,7 @@
 pub mod assignment;
 pub mod balancer;
 pub mod election;
+pub mod handover;
 pub mod health;
 pub mod heartbeat;
 pub mod lease;

@@ -1,8 +1,12 @@
 //! The topic catalog: names, IDs, partition counts and config overrides of every topic.
 //!
 //! Shared by all shards. Reads are lock-free (`ArcSwap` snapshot, RCU style): the hot path
-//! loads a snapshot and never blocks. Changes (admin requests only) are serialized by a mutex,
-//! persisted with tmp + fsync + rename, and then published as a new snapshot. Partition data
+//! loads a snapshot and never blocks. Changes (admin requests only) are serialized by a mutex
+//! and, across processes, by an `flock` on `__meta/catalog.lock`: in cluster mode every broker
+//! of the shared volume may create or delete topics, so a change re-reads the files under the
+//! lock, applies itself, persists with tmp + fsync + rename, and then publishes a new snapshot.
+//! Other brokers pick the change up through [`Catalog::reload`] (the control thread calls it
+//! every second). Partition data
 //! lives in `<data>/<topic>~<topic id>/<partition>/`, so a topic deleted and created again
 //! under the same name can never see the old data.
 
@@ -42,7 +46,7 @@ pub fn topic_dir_name(name: &str, id: Uuid) -> String {
 }
 
 /// A snapshot of all topics.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TopicTable {
     pub topics: BTreeMap<String, Arc<TopicMeta>>,
 }
@@ -129,41 +133,77 @@ fn store_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CatalogError> 
     })
 }
 
+/// Reads a JSON file of the catalog; `None` when it does not exist yet.
+fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, CatalogError> {
+    let err = |e: &dyn std::fmt::Display| CatalogError::Storage {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    };
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| err(&e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(err(&e)),
+    }
+}
+
+/// An exclusive `flock` on `__meta/catalog.lock`, held while a change reads, modifies and
+/// writes the catalog files, so brokers sharing the volume never lose each other's changes.
+/// Released when dropped (and by the kernel if the process dies).
+struct FileLock(std::fs::File);
+
+impl FileLock {
+    fn take(dir: &Path) -> Result<FileLock, CatalogError> {
+        use std::os::fd::AsRawFd;
+        let path = dir.join("catalog.lock");
+        let err = |e: &dyn std::fmt::Display| CatalogError::Storage {
+            path: path.clone(),
+            detail: e.to_string(),
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| err(&e))?;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(err(&std::io::Error::last_os_error()));
+        }
+        Ok(FileLock(file))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: unlocking a descriptor we own.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
 impl Catalog {
     /// Loads (or initialises) the catalog under `<data_dir>/__meta/`.
     pub fn open(data_dir: &Path) -> Result<Catalog, CatalogError> {
         let dir = data_dir.join("__meta");
-        let err = |p: &Path, e: &dyn std::fmt::Display| CatalogError::Storage {
-            path: p.to_path_buf(),
+        std::fs::create_dir_all(&dir).map_err(|e| CatalogError::Storage {
+            path: dir.clone(),
             detail: e.to_string(),
-        };
-        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, &e))?;
-        let topics_path = dir.join("topics.json");
-        let table: TopicTable = match std::fs::read(&topics_path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(&topics_path, &e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => TopicTable::default(),
-            Err(e) => return Err(err(&topics_path, &e)),
-        };
+        })?;
+        let _lock = FileLock::take(&dir)?;
+        let table: TopicTable = load_json(&dir.join("topics.json"))?.unwrap_or_default();
         let cluster_path = dir.join("cluster.json");
-        let mut meta: ClusterMeta = match std::fs::read(&cluster_path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(&cluster_path, &e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ClusterMeta {
-                cluster_id: base64_uuid(Uuid::new_v4()),
-                producer_id_limit: 0,
-            },
-            Err(e) => return Err(err(&cluster_path, &e)),
-        };
-        // Everything below the stored limit may have been handed out before a crash.
+        let mut meta: ClusterMeta = load_json(&cluster_path)?.unwrap_or_else(|| ClusterMeta {
+            cluster_id: base64_uuid(Uuid::new_v4()),
+            producer_id_limit: 0,
+        });
+        // Everything below the stored limit may have been handed out before a crash (or by
+        // another broker of the volume): this process takes the next block for itself.
         let next = meta.producer_id_limit;
         meta.producer_id_limit = next + PRODUCER_ID_BLOCK;
         store_json(&cluster_path, &meta)?;
         let cluster_id = meta.cluster_id.clone();
-        let broker_path = dir.join("broker-configs.json");
-        let broker_configs: BTreeMap<String, String> = match std::fs::read(&broker_path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(&broker_path, &e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(err(&broker_path, &e)),
-        };
+        let broker_configs: BTreeMap<String, String> =
+            load_json(&dir.join("broker-configs.json"))?.unwrap_or_default();
         Ok(Catalog {
             broker_configs: ArcSwap::from_pointee(broker_configs),
             dir,
@@ -172,6 +212,23 @@ impl Catalog {
             next_producer_id: AtomicI64::new(next),
             cluster_id,
         })
+    }
+
+    /// Re-reads the catalog files and publishes what other brokers of the shared volume
+    /// changed. Returns whether the topics changed. Cheap when nothing did (two small reads).
+    pub fn reload(&self) -> Result<bool, CatalogError> {
+        let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let table: TopicTable = load_json(&self.dir.join("topics.json"))?.unwrap_or_default();
+        let changed = *self.table.load_full() != table;
+        if changed {
+            self.table.store(Arc::new(table));
+        }
+        let configs: BTreeMap<String, String> =
+            load_json(&self.dir.join("broker-configs.json"))?.unwrap_or_default();
+        if *self.broker_configs.load_full() != configs {
+            self.broker_configs.store(Arc::new(configs));
+        }
+        Ok(changed)
     }
 
     pub fn cluster_id(&self) -> &str {
@@ -189,7 +246,9 @@ impl Catalog {
         change: impl FnOnce(&mut TopicTable) -> Result<R, CatalogError>,
     ) -> Result<R, CatalogError> {
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        let mut table = (*self.table.load_full()).clone();
+        let _lock = FileLock::take(&self.dir)?;
+        // Another broker of the volume may have changed the file since our last reload.
+        let mut table: TopicTable = load_json(&self.dir.join("topics.json"))?.unwrap_or_default();
         let r = change(&mut table)?;
         store_json(&self.dir.join("topics.json"), &table)?;
         self.table.store(Arc::new(table));
@@ -334,6 +393,7 @@ impl Catalog {
             return Ok(());
         }
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let _lock = FileLock::take(&self.dir)?;
         store_json(&self.dir.join("broker-configs.json"), &configs)?;
         self.broker_configs.store(Arc::new(configs));
         Ok(())
@@ -341,13 +401,26 @@ impl Catalog {
 
     /// A fresh producer id for InitProducerId. Lock-free except when a block runs out.
     pub fn allocate_producer_id(&self) -> Result<i64, CatalogError> {
-        let id = self.next_producer_id.fetch_add(1, Ordering::Relaxed);
+        // Under the mutex throughout: a block change must not interleave with another id, and
+        // InitProducerId is rare enough not to need anything lock-free.
         let mut meta = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        if id >= meta.producer_id_limit {
-            meta.producer_id_limit = id + PRODUCER_ID_BLOCK;
-            store_json(&self.dir.join("cluster.json"), &*meta)?;
+        let id = self.next_producer_id.load(Ordering::Relaxed);
+        if id < meta.producer_id_limit {
+            self.next_producer_id.store(id + 1, Ordering::Relaxed);
+            return Ok(id);
         }
-        Ok(id)
+        // This block is used up: reserve the next free one on the volume, which another broker
+        // may have advanced meanwhile.
+        let _lock = FileLock::take(&self.dir)?;
+        let path = self.dir.join("cluster.json");
+        let stored: Option<ClusterMeta> = load_json(&path)?;
+        let start = stored
+            .map_or(0, |m| m.producer_id_limit)
+            .max(meta.producer_id_limit);
+        meta.producer_id_limit = start + PRODUCER_ID_BLOCK;
+        store_json(&path, &*meta)?;
+        self.next_producer_id.store(start + 1, Ordering::Relaxed);
+        Ok(start)
     }
 }
 

@@ -38,6 +38,7 @@ pub fn catalog(e: &CatalogError) -> i16 {
 /// storage failures, which clients see as a coordinator that is not available (retriable).
 pub fn group(e: &GroupError) -> i16 {
     match e {
+        GroupError::NotCoordinator(_) => E::NotCoordinator.code(),
         GroupError::InvalidGroupId(_) => E::InvalidGroupId.code(),
         GroupError::InvalidRequest(_) => E::InvalidRequest.code(),
         GroupError::UnknownMemberId(_) => E::UnknownMemberId.code(),
@@ -87,6 +88,7 @@ pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
 pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();
 pub const INVALID_PRODUCER_EPOCH: i16 = E::InvalidProducerEpoch.code();
 pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
+pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
 pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
 pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();

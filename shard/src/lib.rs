@@ -8,6 +8,7 @@
 //! there explicitly through [`mesh::on_shard`].
 
 pub mod catalog;
+pub mod cluster;
 pub mod config;
 mod conn;
 pub mod errors;
@@ -26,8 +27,9 @@ use std::time::Duration;
 use glommio::{Latency, LocalExecutorBuilder, Placement, Shares};
 
 use crate::catalog::Catalog;
+use crate::cluster::{ClusterView, ControlMsg};
 use crate::config::BrokerConfig;
-use crate::mesh::{Mesh, Peers};
+use crate::mesh::Mesh;
 use crate::probe::ShardProbe;
 use crate::shard::Shard;
 
@@ -39,6 +41,10 @@ pub struct BrokerRuntime {
     pub config: Arc<BrokerConfig>,
     pub catalog: Arc<Catalog>,
     pub probes: Vec<Arc<ShardProbe>>,
+    /// The cluster view every shard reads (fixed in single-node mode).
+    pub cluster: Arc<ClusterView>,
+    /// One sender per shard for [`ControlMsg`]s (cluster mode: take over, relinquish).
+    pub control: Vec<futures::channel::mpsc::UnboundedSender<ControlMsg>>,
     shutdown: Arc<AtomicBool>,
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
 }
@@ -68,8 +74,9 @@ impl BrokerRuntime {
 }
 
 /// Starts `config.shards` executors and returns once every one has bound its listener (or
-/// reports the first failure, e.g. io_uring unavailable or the port taken).
-pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
+/// reports the first failure, e.g. io_uring unavailable or the port taken). `cluster` is the
+/// view the control thread keeps up to date ([`ClusterView::single`] for a single node).
+pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRuntime, StartError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|e| StartError::Shard {
         shard: 0,
         reason: format!("creating data directory {}: {e}", config.data_dir.display()),
@@ -87,7 +94,11 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
         .unwrap_or(1);
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::new();
+    let mut control = Vec::new();
     for (id, probe) in probes.iter().enumerate() {
+        let (control_tx, control_rx) = futures::channel::mpsc::unbounded();
+        control.push(control_tx);
+        let cluster = cluster.clone();
         // Pin to a core while there are enough cores; beyond that let the OS place them.
         let placement = if nshards <= cpus {
             Placement::Fixed(id)
@@ -113,7 +124,16 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
             .preempt_timer(Duration::from_millis(5));
         let handle = builder
             .spawn(move || async move {
-                run_shard(id, config, catalog, probe, shutdown, mesh, ready).await
+                let shard = Rc::new(Shard::new(
+                    id,
+                    config.clone(),
+                    catalog,
+                    probe.clone(),
+                    mesh.1,
+                    cluster,
+                ));
+                glommio::spawn_local(serve_control(shard.clone(), control_rx)).detach();
+                run_shard(shard, config, probe, shutdown, mesh.0, ready).await
             })
             .map_err(|e| StartError::Shard {
                 shard: id,
@@ -145,6 +165,8 @@ pub fn start(config: BrokerConfig) -> Result<BrokerRuntime, StartError> {
         config,
         catalog,
         probes,
+        cluster,
+        control,
         shutdown,
         handles,
     })
@@ -191,23 +213,50 @@ fn explain_start_error(e: &str) -> String {
     format!("{e}{hint}")
 }
 
+/// Carries out the control thread's take-overs and relinquishes for this shard, one message at
+/// a time and in order (a relinquish must finish before the next assignment's take-overs).
+async fn serve_control(
+    shard: Rc<Shard>,
+    mut inbox: futures::channel::mpsc::UnboundedReceiver<ControlMsg>,
+) {
+    use futures::StreamExt;
+    while let Some(msg) = inbox.next().await {
+        match msg {
+            ControlMsg::Relinquish { partitions, done } => {
+                let closes = partitions
+                    .iter()
+                    .map(|(topic, p)| shard.relinquish(topic, *p));
+                futures::future::join_all(closes).await;
+                let _ = done.send(());
+            }
+            ControlMsg::TakeOver { partitions, done } => {
+                let opens = partitions.into_iter().map(|(topic, p)| {
+                    let shard = shard.clone();
+                    async move {
+                        let r = shard.take_over(&topic, p).await;
+                        r.err().map(|e| ((topic, p), e))
+                    }
+                });
+                let failed: Vec<_> = futures::future::join_all(opens)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let _ = done.send(failed);
+            }
+        }
+    }
+}
+
 async fn run_shard(
-    id: usize,
+    shard: Rc<Shard>,
     config: Arc<BrokerConfig>,
-    catalog: Arc<Catalog>,
     probe: Arc<ShardProbe>,
     shutdown: Arc<AtomicBool>,
-    mesh: (futures::channel::mpsc::Receiver<mesh::Job>, Peers),
+    inbox: futures::channel::mpsc::Receiver<mesh::Job>,
     mut ready: StartReport,
 ) {
-    let (inbox, peers) = mesh;
-    let shard = Rc::new(Shard::new(
-        id,
-        config.clone(),
-        catalog,
-        probe.clone(),
-        peers,
-    ));
+    let id = shard.id;
     // Jobs from other shards run in a latency-sensitive queue so they are picked up promptly
     // even when this shard is busy.
     let mesh_queue = glommio::executor().create_task_queue(
@@ -281,7 +330,8 @@ async fn retention_loop(shard: Rc<Shard>) {
         let snapshot = shard.catalog.snapshot();
         for topic in snapshot.topics.values() {
             for p in 0..topic.partitions {
-                if shard.owner_of(&topic.name, p) != shard.id {
+                // In cluster mode other brokers' partitions share this volume: never touch them.
+                if shard.owner_of(&topic.name, p) != shard.id || !shard.serves(&topic.name, p) {
                     continue;
                 }
                 match shard.partition(topic, p).await {

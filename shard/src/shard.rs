@@ -10,6 +10,7 @@ use kaas_storage::{LeaderEpoch, PartitionLog, StorageError};
 use uuid::Uuid;
 
 use crate::catalog::{Catalog, TopicMeta};
+use crate::cluster::ClusterView;
 use crate::config::BrokerConfig;
 use crate::groups::{GroupConfig, GroupManager};
 use crate::mesh::Peers;
@@ -49,6 +50,12 @@ pub struct Shard {
     partitions: RefCell<HashMap<(Uuid, i32), Rc<PartitionSlot>>>,
     /// The consumer groups this shard coordinates (see `crate::groups`).
     pub groups: GroupManager,
+    /// Who leads what in the cluster, and the write fence (fixed in single-node mode).
+    pub cluster: Arc<ClusterView>,
+    /// Cluster mode: the partitions this shard has taken over and serves, by topic name. Only
+    /// [`Shard::take_over`] adds and [`Shard::relinquish`] removes; every partition request
+    /// checks it ([`Shard::partition`]).
+    serving: RefCell<HashMap<String, std::collections::HashSet<i32>>>,
 }
 
 impl Shard {
@@ -58,6 +65,7 @@ impl Shard {
         catalog: Arc<Catalog>,
         probe: Arc<ShardProbe>,
         peers: Peers,
+        cluster: Arc<ClusterView>,
     ) -> Shard {
         let groups =
             GroupManager::new(id, config.shards, &config.data_dir, GroupConfig::from_env());
@@ -70,6 +78,109 @@ impl Shard {
             probe,
             peers,
             partitions: RefCell::new(HashMap::new()),
+            cluster,
+            serving: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Whether this shard serves `topic`/`partition` now: always in single-node mode; in
+    /// cluster mode only between its take-over and its relinquish.
+    pub fn serves(&self, topic: &str, partition: i32) -> bool {
+        !self.cluster.enabled()
+            || self
+                .serving
+                .borrow()
+                .get(topic)
+                .is_some_and(|s| s.contains(&partition))
+    }
+
+    /// The partitions this shard serves in cluster mode.
+    pub fn served(&self) -> Vec<(String, i32)> {
+        self.serving
+            .borrow()
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
+            .collect()
+    }
+
+    /// Cluster mode: becomes the leader of a partition. The log is opened and recovered (every
+    /// write the previous leader acknowledged was fsynced before it stopped), the leader epoch
+    /// is raised past every epoch stored, so the first write starts a new segment named by it,
+    /// and only then does the partition enter the serving set.
+    pub async fn take_over(&self, topic_name: &str, partition: i32) -> Result<(), String> {
+        let Some(topic) = self.catalog.snapshot().get(topic_name).cloned() else {
+            return Err(format!("topic {topic_name} is not in the catalog"));
+        };
+        if !(0..topic.partitions).contains(&partition) {
+            return Err(format!(
+                "{topic_name} has {} partitions, not {partition}",
+                topic.partitions
+            ));
+        }
+        // A handle left from an earlier leadership would hold a stale view of the files.
+        self.close_partition(topic.id, partition).await;
+        let dir = topic.partition_dir(&self.config.data_dir, partition);
+        let stored = kaas_storage::stored_leader_epoch(&dir).map_err(|e| e.to_string())?;
+        let log = PartitionLog::open(
+            dir,
+            topic_config::log_config(&topic.configs, &self.catalog.broker_configs()),
+            LeaderEpoch(stored.saturating_add(1)),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        self.partitions.borrow_mut().insert(
+            (topic.id, partition),
+            Rc::new(PartitionSlot {
+                log: RefCell::new(Some(log)),
+                opening: Semaphore::new(1),
+            }),
+        );
+        self.probe
+            .partitions_open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.serving
+            .borrow_mut()
+            .entry(topic_name.to_string())
+            .or_default()
+            .insert(partition);
+        Ok(())
+    }
+
+    /// Cluster mode: stops leading a partition. It leaves the serving set first, so no new
+    /// request is accepted; closing then waits for the appends in flight, fsyncs, and persists
+    /// the producer state, so the next leader finds every acknowledged write.
+    pub async fn relinquish(&self, topic_name: &str, partition: i32) {
+        if let Some(set) = self.serving.borrow_mut().get_mut(topic_name) {
+            set.remove(&partition);
+        }
+        let ids: Vec<Uuid> = {
+            let map = self.partitions.borrow();
+            map.keys()
+                .filter(|(_, p)| *p == partition)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let snapshot = self.catalog.snapshot();
+        for id in ids {
+            // The topic may be gone from the catalog already (deleted): close by id then.
+            let named = snapshot.by_id(id).is_none_or(|t| t.name == topic_name);
+            if named {
+                self.close_partition(id, partition).await;
+            }
+        }
+    }
+
+    async fn close_partition(&self, topic_id: Uuid, partition: i32) {
+        let slot = self.partitions.borrow_mut().remove(&(topic_id, partition));
+        let Some(slot) = slot else { return };
+        let log = slot.log.borrow_mut().take();
+        if let Some(log) = log {
+            if let Err(e) = log.close().await {
+                tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a relinquished partition failed; the next leader recovers it from its log");
+            }
+            self.probe
+                .partitions_open
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -92,6 +203,10 @@ impl Shard {
             self.id,
             "partition served by the wrong shard"
         );
+        if !self.serves(&topic.name, partition) {
+            // Cluster mode, and another broker leads it (or nobody, during a handover).
+            return Err(StorageError::Closed);
+        }
         let key = (topic.id, partition);
         let slot = self
             .partitions

@@ -136,6 +136,10 @@ pub enum ControllerEvent {
     Ping {
         /// The controller's Lease epoch.
         controller_epoch: u64,
+        /// When this PING acknowledges a status: the instant that status was *sent*. The
+        /// broker's write fence runs from here (not from the PING's arrival), because the
+        /// controller counts a broker's silence from the status's arrival, which is later.
+        acked_sent_at: Option<tokio::time::Instant>,
     },
     /// The controller wrote a new `assignment.json`: re-read it now.
     AssignmentChanged {
@@ -185,6 +189,10 @@ pub fn endpoint_uri(addr: &str) -> String {
         format!("http://{addr}")
     }
 }
+
+/// How many recent statuses' send instants are kept to date acknowledgements (an ack older
+/// than that is ignored: it could only shorten the fence, never extend it wrongly).
+const SENT_HISTORY: usize = 64;
 
 /// The reconnecting heartbeat client.
 pub struct HeartbeatClient;
@@ -320,8 +328,18 @@ async fn session(
         Err(e) => return failed(format!("bad controller address {addr:?}: {e}")),
     };
     let (tx, rx) = mpsc::channel::<BrokerStatus>(4);
+    // Send instants of recent statuses, to date the controller's acknowledgements.
+    let sent_at =
+        std::sync::Mutex::new(std::collections::VecDeque::<(u64, tokio::time::Instant)>::new());
     let mut send_status = |status: &watch::Receiver<LocalStatus>| {
         *sequence += 1;
+        {
+            let mut sent = sent_at.lock().expect("sent-at lock");
+            if sent.len() == SENT_HISTORY {
+                sent.pop_front();
+            }
+            sent.push_back((*sequence, tokio::time::Instant::now()));
+        }
         let message = status
             .borrow()
             .to_proto(*sequence, config.send_partition_list);
@@ -406,7 +424,12 @@ async fn session(
                     }
                 }
                 let event = match message.kind {
-                    Some(Kind::Ping(p)) => ControllerEvent::Ping { controller_epoch: p.controller_epoch },
+                    Some(Kind::Ping(p)) => ControllerEvent::Ping {
+                        controller_epoch: p.controller_epoch,
+                        acked_sent_at: (p.acked_sequence != 0)
+                            .then(|| sent_at.lock().expect("sent-at lock").iter().find(|(s, _)| *s == p.acked_sequence).map(|(_, t)| *t))
+                            .flatten(),
+                    },
                     Some(Kind::AssignmentChanged(a)) => ControllerEvent::AssignmentChanged {
                         assignment_version: a.assignment_version,
                         controller_epoch: a.controller_epoch,

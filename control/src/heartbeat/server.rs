@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::BrokerRegistry;
 use crate::assignment::BrokerEntry;
 use crate::balancer::{AliveBrokers, BrokerId};
+use crate::lease::Leadership;
 
 /// Timings of the controller's side.
 #[derive(Debug, Clone)]
@@ -33,6 +34,11 @@ pub struct ServerConfig {
     pub alive_timeout: Duration,
     /// The controller itself (id, rack), always in the alive set.
     pub pinned: Option<(BrokerId, Option<String>)>,
+    /// The controller's own Lease view. When set, a status is acknowledged (a PING carrying
+    /// its sequence) only while [`Leadership::leads_now`] holds: an acknowledgement extends the
+    /// broker's write fence, so a deposed controller must never send one. `None` acknowledges
+    /// every status (tests of the stream alone).
+    pub leadership: Option<watch::Receiver<Leadership>>,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +47,7 @@ impl Default for ServerConfig {
             ping_interval: Duration::from_secs(1),
             alive_timeout: Duration::from_secs(5),
             pinned: None,
+            leadership: None,
         }
     }
 }
@@ -77,22 +84,33 @@ impl Shared {
         });
     }
 
-    fn record(&self, stream: u64, status: BrokerStatus) {
+    /// Records a status; returns the acknowledgement to send, if the status was recorded and
+    /// we may acknowledge (see [`ServerConfig::leadership`]).
+    fn record(&self, stream: u64, status: BrokerStatus) -> Option<ControllerMessage> {
         let now = Instant::now();
+        let sequence = status.sequence;
         let recorded = self
             .registry
             .lock()
             .expect("registry lock")
             .record(stream, status, now);
-        if recorded {
-            self.refresh(now);
+        if !recorded {
+            return None;
         }
+        self.refresh(now);
+        let may_ack = self
+            .config
+            .leadership
+            .as_ref()
+            .is_none_or(|l| l.borrow().leads_now());
+        may_ack.then(|| self.ping(sequence))
     }
 
-    fn ping(&self) -> ControllerMessage {
+    fn ping(&self, acked_sequence: u64) -> ControllerMessage {
         ControllerMessage {
             kind: Some(Kind::Ping(Ping {
                 controller_epoch: self.controller_epoch.load(Ordering::Acquire),
+                acked_sequence,
             })),
         }
     }
@@ -239,7 +257,7 @@ impl Heartbeat for HeartbeatServer {
                 }
                 let message = tokio::select! {
                     _ = closing.changed() => continue,
-                    _ = ping.tick() => shared.ping(),
+                    _ = ping.tick() => shared.ping(0),
                     changed = announced.changed() => {
                         if changed.is_err() {
                             break "server dropped";
@@ -257,10 +275,10 @@ impl Heartbeat for HeartbeatServer {
                         }
                     }
                     status = inbound.message() => match status {
-                        Ok(Some(status)) => {
-                            shared.record(stream_id, status);
-                            continue;
-                        }
+                        Ok(Some(status)) => match shared.record(stream_id, status) {
+                            Some(ack) => ack,
+                            None => continue,
+                        },
                         Ok(None) => break "broker closed the stream",
                         Err(_) => break "stream error",
                     },

@@ -44,6 +44,21 @@ pub struct Leadership {
     /// When `leader`, the epoch of the Lease we hold; otherwise `lease_transitions` of the last
     /// record read: the cluster epoch a follower must not see an assignment fall below.
     pub epoch: u64,
+    /// When `leader`, the instant our renew deadline passes unless a renewal succeeds first.
+    /// Controller actions that must never happen after the deadline (acknowledging a broker's
+    /// status, which extends that broker's write fence) compare it with the clock at the moment
+    /// of acting, so a process resumed from a pause cannot act on a stale `leader: true`.
+    pub leader_until: Option<Instant>,
+}
+
+impl Leadership {
+    /// Whether we lead at this very instant (the exact gate; see [`Self::leader_until`]).
+    pub fn leads_now(&self) -> bool {
+        self.leader
+            && self
+                .leader_until
+                .is_some_and(|until| Instant::now() < until)
+    }
 }
 
 /// Runs one candidate's election against a backend. See the module docs.
@@ -241,6 +256,11 @@ impl<B: LeaseBackend> ElectionDriver<B> {
         let seen = self.last_seen.as_ref();
         let view = Leadership {
             leader,
+            leader_until: self
+                .state
+                .leader_until_ms()
+                .filter(|_| leader)
+                .map(|until| self.start + Duration::from_millis(until)),
             holder: seen.and_then(|r| r.holder.clone()),
             epoch: match (leader, self.state.epoch()) {
                 (true, Some(epoch)) => epoch,

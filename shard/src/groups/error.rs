@@ -6,6 +6,9 @@ use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum GroupError {
+    /// Cluster mode: another broker coordinates this group.
+    #[error("{0}")]
+    NotCoordinator(String),
     #[error("{0}")]
     InvalidGroupId(String),
     #[error("{0}")]

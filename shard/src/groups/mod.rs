@@ -7,14 +7,14 @@
 //! owns the group: one `GroupManager` per shard, `Rc`/`RefCell` only, so no lock is ever shared
 //! between shards; requests for a group reach its shard through `mesh::on_shard`.
 //!
-//! Which *broker* coordinates a group is a separate, pure decision ([`coordinator`]); in
-//! single-node mode it is always this broker.
+//! Which *broker* coordinates a group is a separate, pure decision: the SPEC's FNV-1a rule in
+//! `kaas_control::balancer::coordinator_for_group`, read through the cluster view
+//! (`crate::cluster::ClusterView::coordinator`); in single-node mode it is always this broker.
 
 pub mod assignor;
 pub mod classic;
 pub mod config;
 pub mod consumer;
-pub mod coordinator;
 pub mod error;
 pub mod manager;
 pub mod offsets;
@@ -44,7 +44,7 @@ pub fn owner_shard(group_id: &str, shards: usize) -> usize {
     (fnv1a32(group_id.as_bytes()) as u64 % shards.max(1) as u64) as usize
 }
 
-/// FNV-1a, 32 bits. Also the SPEC's coordinator rule over registered brokers.
+/// FNV-1a, 32 bits.
 pub fn fnv1a32(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in bytes {

@@ -52,7 +52,6 @@ use super::per_partition;
 use crate::errors;
 use crate::groups::classic::{JoinArgs, JoinResult, MemberRef, Reply, SyncResult};
 use crate::groups::consumer::{self, ConsumerGroup, HeartbeatArgs, HeartbeatEnv};
-use crate::groups::coordinator::{coordinator_for, RegisteredBroker};
 use crate::groups::manager::{Group, GroupKind, ListedGroup};
 use crate::groups::offsets::{CommittedOffset, OffsetRecord};
 use crate::groups::{classic::ClassicGroup, owner_shard, GroupError};
@@ -74,20 +73,34 @@ fn unavailable() -> GroupError {
     GroupError::CoordinatorNotAvailable("the coordinator shard is shutting down".into())
 }
 
-/// Runs `f` on the shard that owns `group_id`, after that shard has loaded its groups.
-async fn on_group<R, F, Fut>(shard: &Rc<Shard>, group_id: &str, lost: R, f: F) -> R
+/// Runs `f` on the shard that owns `group_id`, after that shard has loaded its groups. In
+/// cluster mode a group this broker does not coordinate is answered `failed(NotCoordinator)`,
+/// so the client looks the coordinator up again; a shard shutting down answers
+/// `failed(CoordinatorNotAvailable)`.
+async fn on_group<R, F, Fut>(
+    shard: &Rc<Shard>,
+    group_id: &str,
+    failed: impl FnOnce(GroupError) -> R,
+    f: F,
+) -> R
 where
     R: Send + 'static,
     F: FnOnce(Rc<Shard>) -> Fut + Send + 'static,
     Fut: Future<Output = R> + 'static,
 {
+    if shard.cluster.coordinator(group_id) != Some(shard.cluster.me()) {
+        return failed(GroupError::NotCoordinator(format!(
+            "broker {} is not the coordinator of group {group_id}",
+            shard.cluster.me()
+        )));
+    }
     let owner = owner_shard(group_id, shard.nshards);
     on_shard(shard, owner, move |s: Rc<Shard>| async move {
         s.groups.ready().await;
         f(s).await
     })
     .await
-    .unwrap_or(lost)
+    .unwrap_or_else(|| failed(unavailable()))
 }
 
 fn code(e: &Option<GroupError>) -> i16 {
@@ -100,19 +113,13 @@ fn code(e: &Option<GroupError>) -> i16 {
 /// The coordinator of `key` as (node id, host, port). Single-node: the registered broker list
 /// is this broker, so the SPEC's rule always answers this broker.
 fn coordinator_address(shard: &Shard, key: &str) -> Option<(i32, String, i32)> {
-    let me = shard.config.broker_id;
-    let registered = [RegisteredBroker {
-        id: me,
-        alive: true,
-    }];
-    let id = coordinator_for(key, &registered)?;
-    (id == me).then(|| {
-        (
-            me,
-            shard.config.advertised_host.clone(),
-            shard.config.advertised_port as i32,
-        )
-    })
+    let id = shard.cluster.coordinator(key)?;
+    shard
+        .cluster
+        .brokers()
+        .into_iter()
+        .find(|b| b.id == id)
+        .map(|b| (b.id, b.host, i32::from(b.port)))
 }
 
 /// (node id, host, port), or (error code, message).
@@ -240,10 +247,11 @@ pub async fn join_group(
         JoinResult::error(invalid_group_id(), &req.member_id)
     } else {
         let member_id = req.member_id.to_string();
+        let lost_member_id = member_id.clone();
         on_group(
             shard,
             &gid.clone(),
-            JoinResult::error(unavailable(), &member_id),
+            move |e| JoinResult::error(e, &lost_member_id),
             move |s| async move {
                 let args = JoinArgs {
                     member_id: req.member_id.to_string(),
@@ -338,8 +346,8 @@ pub async fn sync_group(
             ..SyncResult::default()
         }
     } else {
-        let lost = SyncResult {
-            error: Some(unavailable()),
+        let lost = |e| SyncResult {
+            error: Some(e),
             ..SyncResult::default()
         };
         on_group(shard, &gid.clone(), lost, move |s| async move {
@@ -409,34 +417,29 @@ pub async fn heartbeat(shard: &Rc<Shard>, req: HeartbeatRequest) -> HeartbeatRes
     let result: Result<(), GroupError> = if gid.is_empty() {
         Err(invalid_group_id())
     } else {
-        on_group(
-            shard,
-            &gid.clone(),
-            Err(unavailable()),
-            move |s| async move {
-                let Some(group) = s.groups.get(&gid) else {
-                    return Err(GroupError::UnknownMemberId(format!(
-                        "Group {gid} is unknown."
-                    )));
-                };
-                let member_id = req.member_id.to_string();
-                let instance = req.group_instance_id.as_ref().map(|i| i.to_string());
-                let mut kind = group.kind.borrow_mut();
-                match &mut *kind {
-                    GroupKind::Classic(c) => c.heartbeat(
-                        MemberRef {
-                            member_id: &member_id,
-                            instance_id: instance.as_deref(),
-                            generation: req.generation_id,
-                        },
-                        Instant::now(),
-                    ),
-                    GroupKind::Consumer(_) => Err(GroupError::UnknownMemberId(
-                        "the group uses the consumer protocol".into(),
-                    )),
-                }
-            },
-        )
+        on_group(shard, &gid.clone(), Err, move |s| async move {
+            let Some(group) = s.groups.get(&gid) else {
+                return Err(GroupError::UnknownMemberId(format!(
+                    "Group {gid} is unknown."
+                )));
+            };
+            let member_id = req.member_id.to_string();
+            let instance = req.group_instance_id.as_ref().map(|i| i.to_string());
+            let mut kind = group.kind.borrow_mut();
+            match &mut *kind {
+                GroupKind::Classic(c) => c.heartbeat(
+                    MemberRef {
+                        member_id: &member_id,
+                        instance_id: instance.as_deref(),
+                        generation: req.generation_id,
+                    },
+                    Instant::now(),
+                ),
+                GroupKind::Consumer(_) => Err(GroupError::UnknownMemberId(
+                    "the group uses the consumer protocol".into(),
+                )),
+            }
+        })
         .await
     };
     HeartbeatResponse::default().with_error_code(code(&result.err()))
@@ -467,7 +470,9 @@ pub async fn leave_group(
         leaving.iter().map(|_| Err(invalid_group_id())).collect()
     } else {
         let n = leaving.len();
-        let lost: Vec<Result<String, GroupError>> = (0..n).map(|_| Err(unavailable())).collect();
+        let lost = |e: GroupError| -> Vec<Result<String, GroupError>> {
+            (0..n).map(|_| Err(e.clone())).collect()
+        };
         let req_leaving = leaving.clone();
         on_group(shard, &gid.clone(), lost, move |s| async move {
             let Some(group) = s.groups.get(&gid) else {
@@ -554,10 +559,12 @@ pub async fn offset_commit(
             .map(|(_, ps)| vec![errors::group(&invalid_group_id()); ps.len()])
             .collect()
     } else {
-        let lost: Vec<Vec<i16>> = shape
-            .iter()
-            .map(|(_, ps)| vec![errors::group(&unavailable()); ps.len()])
-            .collect();
+        let lost = |e: GroupError| -> Vec<Vec<i16>> {
+            shape
+                .iter()
+                .map(|(_, ps)| vec![errors::group(&e); ps.len()])
+                .collect()
+        };
         on_group(shard, &gid.clone(), lost, move |s| async move {
             commit_on_owner(&s, &gid, req, version).await
         })
@@ -897,7 +904,7 @@ pub async fn offset_delete(shard: &Rc<Shard>, req: OffsetDeleteRequest) -> Offse
         on_group(
             shard,
             &gid.clone(),
-            (errors::COORDINATOR_NOT_AVAILABLE, Vec::new()),
+            |e| (errors::group(&e), Vec::new()),
             move |s| async move {
                 let Some(group) = s.groups.get(&gid) else {
                     return (
@@ -1252,28 +1259,23 @@ pub async fn consumer_group_heartbeat(
     let result: Result<(consumer::HeartbeatResult, i32), GroupError> = if gid.is_empty() {
         Err(GroupError::InvalidRequest("GroupId can't be empty.".into()))
     } else {
-        on_group(
-            shard,
-            &gid.clone(),
-            Err(unavailable()),
-            move |s| async move {
-                consumer::validate(&args, version, |n| s.groups.known_assignor(n))?;
-                let group = s.groups.get_or_create(&gid);
-                let topics = s.catalog.snapshot();
-                let cfg = &s.groups.config;
-                let assign =
-                    |name: &str, m: &[_], t: &BTreeMap<_, _>| s.groups.run_assignor(name, m, t);
-                let env = HeartbeatEnv {
-                    now: Instant::now(),
-                    topics: &topics,
-                    session_timeout_ms: cfg.consumer_session_timeout_ms,
-                    default_assignor: &cfg.default_assignor,
-                    assign: &assign,
-                };
-                let r = with_consumer(&group, |c| c.heartbeat(args, &env))?;
-                Ok((r, cfg.consumer_heartbeat_interval_ms))
-            },
-        )
+        on_group(shard, &gid.clone(), Err, move |s| async move {
+            consumer::validate(&args, version, |n| s.groups.known_assignor(n))?;
+            let group = s.groups.get_or_create(&gid);
+            let topics = s.catalog.snapshot();
+            let cfg = &s.groups.config;
+            let assign =
+                |name: &str, m: &[_], t: &BTreeMap<_, _>| s.groups.run_assignor(name, m, t);
+            let env = HeartbeatEnv {
+                now: Instant::now(),
+                topics: &topics,
+                session_timeout_ms: cfg.consumer_session_timeout_ms,
+                default_assignor: &cfg.default_assignor,
+                assign: &assign,
+            };
+            let r = with_consumer(&group, |c| c.heartbeat(args, &env))?;
+            Ok((r, cfg.consumer_heartbeat_interval_ms))
+        })
         .await
     };
     consumer_heartbeat_response(result)

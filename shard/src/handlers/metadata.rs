@@ -1,5 +1,6 @@
-//! Metadata, DescribeCluster and DescribeTopicPartitions: this broker leads every partition in
-//! single-node mode.
+//! Metadata, DescribeCluster and DescribeTopicPartitions, read from the cluster view: in
+//! single-node mode this broker leads every partition; in cluster mode the accepted
+//! `assignment.json` says who leads what, and every registered broker is listed.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -34,11 +35,18 @@ fn topic_name(v: &str) -> TopicName {
 }
 
 pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> MetadataResponse {
-    let me = BrokerId(shard.config.broker_id);
-    let broker = MetadataResponseBroker::default()
-        .with_node_id(me)
-        .with_host(s(&shard.config.advertised_host))
-        .with_port(shard.config.advertised_port as i32);
+    let brokers = shard
+        .cluster
+        .brokers()
+        .into_iter()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.id))
+                .with_host(s(&b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.as_deref().map(s))
+        })
+        .collect();
     // v0: an empty list means all topics; v1+: null means all, empty means none.
     let all = match &req.topics {
         None => true,
@@ -80,9 +88,9 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
         }
     }
     MetadataResponse::default()
-        .with_brokers(vec![broker])
+        .with_brokers(brokers)
         .with_cluster_id(Some(s(shard.catalog.cluster_id())))
-        .with_controller_id(me)
+        .with_controller_id(BrokerId(shard.cluster.controller()))
         .with_topics(topics)
         .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }
@@ -95,15 +103,16 @@ fn error_topic(name: &str, code: i16) -> MetadataResponseTopic {
 }
 
 fn topic_response(shard: &Shard, t: &Arc<TopicMeta>) -> MetadataResponseTopic {
-    let me = BrokerId(shard.config.broker_id);
     let partitions = (0..t.partitions)
         .map(|p| {
+            let (leader, epoch, error) = leadership(shard, t, p);
             MetadataResponsePartition::default()
+                .with_error_code(error)
                 .with_partition_index(p)
-                .with_leader_id(me)
-                .with_leader_epoch(leader_epoch(shard, t, p))
-                .with_replica_nodes(vec![me])
-                .with_isr_nodes(vec![me])
+                .with_leader_id(leader)
+                .with_leader_epoch(epoch)
+                .with_replica_nodes(vec![leader])
+                .with_isr_nodes(vec![leader])
         })
         .collect();
     MetadataResponseTopic::default()
@@ -113,27 +122,55 @@ fn topic_response(shard: &Shard, t: &Arc<TopicMeta>) -> MetadataResponseTopic {
         .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }
 
-/// The leader epoch a client should see. Single-node partitions stay at epoch 0 until cluster
-/// mode moves them; an open log on this shard knows its exact epoch.
-fn leader_epoch(shard: &Shard, t: &TopicMeta, partition: i32) -> i32 {
+/// (leader, leader epoch, error) of a partition as clients should see it. A partition with no
+/// leader (cluster mode, during a handover) is LEADER_NOT_AVAILABLE, which clients retry.
+fn leadership(shard: &Shard, t: &TopicMeta, partition: i32) -> (BrokerId, i32, i16) {
+    match shard.cluster.leader(&t.name, partition) {
+        Some(leader) => (
+            BrokerId(leader),
+            leader_epoch(shard, t, partition, leader),
+            errors::NONE,
+        ),
+        None => (BrokerId(-1), -1, errors::LEADER_NOT_AVAILABLE),
+    }
+}
+
+/// The leader epoch a client should see. An open log on this shard knows its exact epoch;
+/// single-node partitions not opened yet are at 0. In cluster mode the epoch of a partition
+/// led elsewhere is not known here, and -1 ("unknown") makes clients skip epoch checks rather
+/// than trip on a guess.
+fn leader_epoch(shard: &Shard, t: &TopicMeta, partition: i32, leader: i32) -> i32 {
     if shard.owner_of(&t.name, partition) == shard.id {
         if let Some(log) = shard.open_partition(t.id, partition) {
             return log.leader_epoch().0;
         }
     }
-    0
+    if shard.cluster.enabled() && leader != shard.cluster.me() {
+        -1
+    } else {
+        0
+    }
 }
 
 pub fn describe_cluster(shard: &Rc<Shard>, req: DescribeClusterRequest) -> DescribeClusterResponse {
-    let me = BrokerId(shard.config.broker_id);
+    let brokers = shard
+        .cluster
+        .brokers()
+        .into_iter()
+        .map(|b| {
+            DescribeClusterBroker::default()
+                .with_broker_id(BrokerId(b.id))
+                .with_host(s(&b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.as_deref().map(s))
+                .with_is_fenced(b.fenced)
+        })
+        .collect();
     DescribeClusterResponse::default()
         .with_endpoint_type(req.endpoint_type)
         .with_cluster_id(s(shard.catalog.cluster_id()))
-        .with_controller_id(me)
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(me)
-            .with_host(s(&shard.config.advertised_host))
-            .with_port(shard.config.advertised_port as i32)])
+        .with_controller_id(BrokerId(shard.cluster.controller()))
+        .with_brokers(brokers)
         .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }
 
@@ -141,7 +178,6 @@ pub fn describe_topic_partitions(
     shard: &Rc<Shard>,
     req: DescribeTopicPartitionsRequest,
 ) -> DescribeTopicPartitionsResponse {
-    let me = BrokerId(shard.config.broker_id);
     let snapshot = shard.catalog.snapshot();
     let names: Vec<String> = if req.topics.is_empty() {
         snapshot.topics.keys().cloned().collect()
@@ -198,13 +234,15 @@ pub fn describe_topic_partitions(
                 break;
             }
             budget -= 1;
+            let (leader, epoch, error) = leadership(shard, t, p);
             partitions.push(
                 DescribeTopicPartitionsResponsePartition::default()
+                    .with_error_code(error)
                     .with_partition_index(p)
-                    .with_leader_id(me)
-                    .with_leader_epoch(leader_epoch(shard, t, p))
-                    .with_replica_nodes(vec![me])
-                    .with_isr_nodes(vec![me])
+                    .with_leader_id(leader)
+                    .with_leader_epoch(epoch)
+                    .with_replica_nodes(vec![leader])
+                    .with_isr_nodes(vec![leader])
                     .with_eligible_leader_replicas(Some(vec![]))
                     .with_last_known_elr(Some(vec![])),
             );

@@ -143,6 +143,11 @@ async fn produce_partition(
     if headers.iter().any(|h| h.total_len() > max) {
         return PartResult::error(errors::MESSAGE_TOO_LARGE);
     }
+    // Cluster mode: only the leader writes, and only while its write fence is open (see
+    // kaas_control::handover); both are checked again before acknowledging.
+    if !shard.serves(&meta.name, partition) || !shard.cluster.may_acknowledge() {
+        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
+    }
     let log = match shard.partition(&meta, partition).await {
         Ok(l) => l,
         Err(e) => {
@@ -164,6 +169,12 @@ async fn produce_partition(
             tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
             return PartResult::error(errors::storage(&e));
         }
+    }
+    if !shard.cluster.may_acknowledge() {
+        // The fence closed while the write was in flight: a new leader may already have
+        // recovered the log without it, so it must not be acknowledged. The producer retries
+        // on the new leader (idempotence removes the copy if this one did land).
+        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
     }
     let base_offset = match outcome {
         AppendOutcome::Appended { base_offset, .. }

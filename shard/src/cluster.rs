@@ -1,0 +1,296 @@
+//! The cluster as the shards see it: who leads what, which brokers exist, and whether this
+//! broker may acknowledge writes right now.
+//!
+//! Written by the control thread (the accepted `assignment.json`, the Lease holder, the write
+//! fence), read lock-free by every shard: the state is an `ArcSwap` snapshot and the fence an
+//! atomic deadline. In single-node mode the view is fixed: this broker leads everything and the
+//! fence never closes.
+//!
+//! Which partitions a shard *serves* is not in this view but in the shard's own serving set,
+//! changed only by [`ControlMsg`]s from the control thread, in the order relinquish → publish
+//! the new view → take over. Metadata reads this view; the ownership check reads the serving
+//! set; both follow the same accepted assignment.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use kaas_control::assignment::{Assignment, Health};
+
+/// One broker as Metadata and DescribeCluster show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerInfo {
+    pub id: i32,
+    pub host: String,
+    pub port: u16,
+    pub rack: Option<String>,
+    /// Not alive (dead or draining): DescribeCluster v2 reports it fenced.
+    pub fenced: bool,
+}
+
+/// One accepted assignment, indexed for the request path.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    /// The accepted `assignment.json`, `None` before the first one.
+    pub assignment: Option<Arc<Assignment>>,
+    /// Topic → leader of each partition index (-1: none, e.g. in handover).
+    leaders: HashMap<String, Vec<i32>>,
+    /// The controller's broker id (the Lease holder), when known.
+    pub controller: Option<i32>,
+}
+
+impl ClusterState {
+    /// Indexes `assignment` for lookups by topic name without allocating.
+    pub fn new(assignment: Option<Arc<Assignment>>, controller: Option<i32>) -> Self {
+        let mut leaders: HashMap<String, Vec<i32>> = HashMap::new();
+        if let Some(a) = &assignment {
+            for (tp, leader) in &a.partitions {
+                let Ok(index) = usize::try_from(tp.partition) else {
+                    continue;
+                };
+                let row = leaders.entry(tp.topic.clone()).or_default();
+                if row.len() <= index {
+                    row.resize(index + 1, -1);
+                }
+                row[index] = leader.0;
+            }
+        }
+        Self {
+            assignment,
+            leaders,
+            controller,
+        }
+    }
+}
+
+/// What the control thread asks a shard to do with partitions (cluster mode only).
+pub enum ControlMsg {
+    /// Stop serving these partitions and close them (fsync, manifest, producer state); answer
+    /// when every one is closed.
+    Relinquish {
+        partitions: Vec<(String, i32)>,
+        done: futures::channel::oneshot::Sender<()>,
+    },
+    /// Open, recover, raise the leader epoch, then serve these partitions; answer with the ones
+    /// that failed and why.
+    TakeOver {
+        partitions: Vec<(String, i32)>,
+        done: futures::channel::oneshot::Sender<Vec<((String, i32), String)>>,
+    },
+}
+
+/// The shared view. See the module docs.
+pub struct ClusterView {
+    enabled: bool,
+    me: i32,
+    advertised: (String, u16),
+    state: ArcSwap<ClusterState>,
+    /// The write fence: nanoseconds after `base` until which writes may be acknowledged.
+    fence_until_ns: AtomicU64,
+    base: Instant,
+    /// SIGTERM received: the broker is draining.
+    draining: AtomicBool,
+}
+
+impl ClusterView {
+    /// The fixed view of a single-node broker: it leads everything, its fence never closes.
+    pub fn single(me: i32, host: String, port: u16) -> Self {
+        Self {
+            enabled: false,
+            me,
+            advertised: (host, port),
+            state: ArcSwap::from_pointee(ClusterState::default()),
+            fence_until_ns: AtomicU64::new(u64::MAX),
+            base: Instant::now(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// The view of a cluster member before its first assignment: it leads nothing and may not
+    /// acknowledge writes until a controller acknowledged its heartbeat.
+    pub fn cluster(me: i32, host: String, port: u16) -> Self {
+        Self {
+            enabled: true,
+            fence_until_ns: AtomicU64::new(0),
+            ..Self::single(me, host, port)
+        }
+    }
+
+    /// Whether cluster mode is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// This broker's id.
+    pub fn me(&self) -> i32 {
+        self.me
+    }
+
+    /// The current state snapshot.
+    pub fn state(&self) -> Arc<ClusterState> {
+        self.state.load_full()
+    }
+
+    /// Publishes a new state (control thread).
+    pub fn publish(&self, state: ClusterState) {
+        self.state.store(Arc::new(state));
+    }
+
+    /// The leader of a partition: this broker in single-node mode; in cluster mode the
+    /// assignment's answer (`None` while the partition is unassigned or in handover).
+    pub fn leader(&self, topic: &str, partition: i32) -> Option<i32> {
+        if !self.enabled {
+            return Some(self.me);
+        }
+        let index = usize::try_from(partition).ok()?;
+        self.state
+            .load()
+            .leaders
+            .get(topic)
+            .and_then(|row| row.get(index))
+            .copied()
+            .filter(|l| *l >= 0)
+    }
+
+    /// The controller's id: this broker in single-node mode; -1 when unknown.
+    pub fn controller(&self) -> i32 {
+        if !self.enabled {
+            return self.me;
+        }
+        self.state.load().controller.unwrap_or(-1)
+    }
+
+    /// Every registered broker (this one alone in single-node mode).
+    pub fn brokers(&self) -> Vec<BrokerInfo> {
+        let me = BrokerInfo {
+            id: self.me,
+            host: self.advertised.0.clone(),
+            port: self.advertised.1,
+            rack: None,
+            fenced: false,
+        };
+        if !self.enabled {
+            return vec![me];
+        }
+        let state = self.state.load();
+        let Some(a) = &state.assignment else {
+            return vec![me];
+        };
+        let mut out: Vec<BrokerInfo> = a
+            .brokers
+            .iter()
+            .map(|b| BrokerInfo {
+                id: b.id.0,
+                host: b.host.clone(),
+                port: b.port,
+                rack: b.rack.clone(),
+                fenced: b.health != Health::Alive,
+            })
+            .collect();
+        if !out.iter().any(|b| b.id == self.me) {
+            out.push(me);
+        }
+        out
+    }
+
+    /// The coordinator of a consumer group: this broker in single-node mode; in cluster mode
+    /// the assignment's answer (the FNV-1a hash rule), `None` before the first assignment.
+    pub fn coordinator(&self, group: &str) -> Option<i32> {
+        if !self.enabled {
+            return Some(self.me);
+        }
+        self.state
+            .load()
+            .assignment
+            .as_ref()
+            .and_then(|a| a.coordinator(group))
+            .map(|b| b.0)
+    }
+
+    /// Whether this broker may acknowledge a write now: always in single-node mode; in cluster
+    /// mode only while the write fence is open (see `kaas_control::handover`). Checked before a
+    /// write is submitted and again before it is acknowledged.
+    pub fn may_acknowledge(&self) -> bool {
+        let until = self.fence_until_ns.load(Ordering::Acquire);
+        until == u64::MAX || self.nanos(Instant::now()) < until
+    }
+
+    /// Opens the fence until `until` (never moves it back: acknowledgements can arrive out of
+    /// order).
+    pub fn extend_fence(&self, until: Instant) {
+        self.fence_until_ns
+            .fetch_max(self.nanos(until), Ordering::AcqRel);
+    }
+
+    /// How long the fence stays open from now (zero when closed); for /healthz.
+    pub fn fence_remaining(&self) -> Duration {
+        let until = self.fence_until_ns.load(Ordering::Acquire);
+        if until == u64::MAX {
+            return Duration::MAX;
+        }
+        Duration::from_nanos(until.saturating_sub(self.nanos(Instant::now())))
+    }
+
+    /// Marks the broker as draining (SIGTERM).
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether the broker is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kaas_control::assignment::BrokerEntry;
+    use kaas_control::balancer::{BrokerId, TopicPartition};
+
+    // Single-node mode leads everything and never fences; cluster mode starts fenced and
+    // leading nothing, then follows the published assignment.
+    #[test]
+    fn single_and_cluster_views() {
+        let single = ClusterView::single(0, "h".into(), 1);
+        assert_eq!(single.leader("t", 7), Some(0));
+        assert!(single.may_acknowledge());
+        let view = ClusterView::cluster(1, "h".into(), 2);
+        assert!(!view.may_acknowledge());
+        assert_eq!(view.leader("t", 0), None);
+        view.extend_fence(Instant::now() + Duration::from_secs(5));
+        assert!(view.may_acknowledge());
+        view.extend_fence(Instant::now());
+        assert!(view.may_acknowledge(), "the fence never moves back");
+        let brokers = (0..2)
+            .map(|id| BrokerEntry {
+                id: BrokerId(id),
+                host: format!("b{id}"),
+                port: 9092,
+                rack: None,
+                health: if id == 0 { Health::Dead } else { Health::Alive },
+            })
+            .collect();
+        let a = Assignment::new(
+            3,
+            1,
+            brokers,
+            [(TopicPartition::new("t", 1), BrokerId(0))]
+                .into_iter()
+                .collect(),
+            [],
+        );
+        view.publish(ClusterState::new(Some(Arc::new(a)), Some(1)));
+        assert_eq!(view.leader("t", 1), Some(0));
+        assert_eq!(view.leader("t", 0), None);
+        assert_eq!(view.controller(), 1);
+        assert!(view.brokers()[0].fenced);
+        assert_eq!(view.coordinator("g"), Some(1));
+    }
+}

@@ -1,0 +1,728 @@
+//! Cluster mode on the control thread: the glue between `kaas_control` (election, heartbeat,
+//! balancer, handover, assignment file) and the shards (`kaas_shard::cluster`).
+//!
+//! Every broker runs, as tasks of the control thread's tokio runtime:
+//!
+//! - a **candidate** in the `kaas-controller` Lease election ([`ElectionDriver`]). The Lease
+//!   holder's identity is `<broker id>@<heartbeat address>`, which is how the others find the
+//!   controller to dial;
+//! - the **heartbeat client**, which reports this broker's status and turns the controller's
+//!   acknowledgements into the write fence ([`ClusterView::extend_fence`]);
+//! - the **assignment watcher** and the **applier**: every accepted `assignment.json` is diffed
+//!   against the last applied one, and the shards relinquish, then the new view is published,
+//!   then the shards take over — in that order, so a partition is never served by this broker
+//!   under an assignment that gives it to someone else;
+//! - a **catalog reload** every second, so topics created on other brokers appear here.
+//!
+//! The broker holding the Lease also runs the **controller**: the heartbeat server and a loop
+//! that recomputes the assignment (balancer, then the handover rules of
+//! [`kaas_control::handover`]) and writes `assignment.json` when it changed.
+//!
+//! Nothing here decides anything subtle: the decisions are the pure functions of `kaas_control`
+//! (`election`, `balancer`, `handover`, `assignment::accept`/`diff`), tested on their own.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use kaas_control::assignment::{
+    assignment_path, diff, read_assignment, write_assignment, Assignment, AssignmentWatcher,
+    Health, DEFAULT_POLL_INTERVAL,
+};
+use kaas_control::balancer::{AliveBrokers, BalancePlanner, BrokerId, TopicCounts, TopicPartition};
+use kaas_control::election::ElectionConfig;
+use kaas_control::handover::{self, Standing, Timing};
+use kaas_control::heartbeat::{
+    ClientConfig, ControllerEvent, HeartbeatClient, HeartbeatServer, LocalStatus, ServerConfig,
+};
+use kaas_control::lease::file::FileLease;
+use kaas_control::lease::kube::KubeLease;
+use kaas_control::lease::{ElectionDriver, Leadership, LeaseBackend};
+use kaas_shard::catalog::Catalog;
+use kaas_shard::cluster::{ClusterState, ClusterView, ControlMsg};
+use kaas_shard::shard::owner_shard;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Which Lease backend elects the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaseKind {
+    /// The Kubernetes Lease `kaas-controller` in the pod's namespace.
+    Kube,
+    /// `<data-dir>/__cluster/lease.json`, for several brokers sharing a directory.
+    File,
+}
+
+/// Everything cluster mode needs from the command line.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub lease: LeaseKind,
+    pub broker_id: i32,
+    pub rack: Option<String>,
+    pub heartbeat_listen: SocketAddr,
+    /// `host:port` other brokers dial to reach this broker's heartbeat server.
+    pub heartbeat_advertised: String,
+    pub election: ElectionConfig,
+    pub timing: Timing,
+    /// How often a broker sends its status.
+    pub status_interval: Duration,
+    pub data_dir: PathBuf,
+    pub advertised: (String, u16),
+}
+
+impl ClusterConfig {
+    /// The Lease holder identity: `<id>@<heartbeat address>`.
+    fn identity(&self) -> String {
+        format!("{}@{}", self.broker_id, self.heartbeat_advertised)
+    }
+
+    /// The election's guaranteed gap between a holder's deadline and a successor's start.
+    fn election_gap(&self) -> Duration {
+        Duration::from_millis(
+            self.election
+                .lease_duration_ms
+                .saturating_sub(self.election.renew_deadline_ms),
+        )
+    }
+}
+
+/// Splits a Lease holder identity into broker id and heartbeat address.
+pub fn parse_identity(identity: &str) -> Option<(i32, String)> {
+    let (id, addr) = identity.split_once('@')?;
+    Some((id.parse().ok()?, addr.to_string()))
+}
+
+/// What the shards expose to the control thread.
+pub struct Shards {
+    pub view: Arc<ClusterView>,
+    pub control: Vec<futures::channel::mpsc::UnboundedSender<ControlMsg>>,
+    pub catalog: Arc<Catalog>,
+}
+
+/// Handles the binary keeps to drive a drain and read the state.
+pub struct ClusterHandle {
+    /// Set to true on SIGTERM: the broker reports draining and stops being a candidate.
+    pub drain: watch::Sender<bool>,
+    /// The applier's view of what this broker serves.
+    pub status: watch::Receiver<LocalStatus>,
+    /// The last accepted assignment.
+    pub assignment: watch::Receiver<Option<Arc<Assignment>>>,
+    /// The election as this broker sees it.
+    pub leadership: watch::Receiver<Leadership>,
+}
+
+impl ClusterHandle {
+    /// Waits (at most `timeout`) until the accepted assignment gives this broker no partition
+    /// and it serves none, or no other broker is alive to take them.
+    pub async fn drained(&mut self, me: i32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let done = {
+                let status = self.status.borrow();
+                let assignment = self.assignment.borrow();
+                let others_alive = assignment.as_ref().is_some_and(|a| {
+                    a.brokers
+                        .iter()
+                        .any(|b| b.id.0 != me && b.health == Health::Alive)
+                });
+                let assigned = assignment
+                    .as_ref()
+                    .is_some_and(|a| a.led_by(BrokerId(me)).next().is_some());
+                status.partitions.is_empty() && !assigned || !others_alive
+            };
+            if done {
+                return true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return false,
+                _ = self.status.changed() => {}
+                _ = self.assignment.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+}
+
+/// Starts cluster mode on the current (control thread) runtime.
+pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<ClusterHandle> {
+    let config = Arc::new(config);
+    let shards = Arc::new(shards);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let leadership = match config.lease {
+        LeaseKind::File => {
+            start_election(&config, FileLease::new(&config.data_dir), drain_rx.clone())?
+        }
+        LeaseKind::Kube => {
+            let backend = KubeLease::in_pod()
+                .await
+                .context("connecting to the Kubernetes API for the kaas-controller Lease (run in a pod with a service account allowed to get/create/update leases, or use --lease file)")?;
+            start_election(&config, backend, drain_rx.clone())?
+        }
+    };
+
+    let mut watcher =
+        AssignmentWatcher::new(assignment_path(&config.data_dir), DEFAULT_POLL_INTERVAL);
+    let notifier = watcher.notifier();
+    let lease_epoch = watcher.lease_epoch();
+    let assignment_rx = watcher.subscribe();
+    // Read the file once before the first Lease read, so a restarted broker starts from the
+    // current assignment rather than from nothing.
+    let _ = watcher.poll_once();
+    tokio::spawn(watcher.run());
+
+    // The controller's address (and id) follow the Lease holder.
+    let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
+    let (controller_id_tx, controller_id_rx) = watch::channel::<Option<i32>>(None);
+    {
+        let mut leadership = leadership.clone();
+        let lease_epoch = lease_epoch.clone();
+        tokio::spawn(async move {
+            loop {
+                let l = leadership.borrow_and_update().clone();
+                lease_epoch.observe(l.epoch);
+                let holder = l.holder.as_deref().and_then(parse_identity);
+                controller_tx.send_if_modified(|c| {
+                    let new = holder.as_ref().map(|(_, a)| a.clone());
+                    (*c != new).then(|| *c = new).is_some()
+                });
+                controller_id_tx.send_if_modified(|c| {
+                    let new = holder.as_ref().map(|(id, _)| *id);
+                    (*c != new).then(|| *c = new).is_some()
+                });
+                if leadership.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    let mut local = LocalStatus::new(
+        BrokerId(config.broker_id),
+        config.advertised.0.clone(),
+        config.advertised.1,
+    );
+    local.rack = config.rack.clone();
+    let (status_tx, status_rx) = watch::channel(local);
+    let client_config = ClientConfig {
+        status_interval: config.status_interval,
+        silence_timeout: config.timing.broker_fence.max(Duration::from_secs(2)),
+        ..ClientConfig::default()
+    };
+    let (_client, mut events) =
+        HeartbeatClient::spawn(client_config, controller_rx, status_rx.clone());
+    {
+        let shards = shards.clone();
+        let fence = config.timing.broker_fence;
+        let lease_epoch = lease_epoch.clone();
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                match event {
+                    ControllerEvent::Ping {
+                        controller_epoch,
+                        acked_sent_at,
+                    } => {
+                        lease_epoch.observe(controller_epoch);
+                        if let Some(sent) = acked_sent_at {
+                            shards.view.extend_fence((sent + fence).into_std());
+                        }
+                    }
+                    ControllerEvent::AssignmentChanged {
+                        controller_epoch, ..
+                    } => {
+                        lease_epoch.observe(controller_epoch);
+                        notifier.notify();
+                    }
+                    ControllerEvent::Connected { addr } => {
+                        tracing::info!(controller = %addr, "heartbeat stream to the controller open");
+                    }
+                    ControllerEvent::Disconnected { addr, reason } => {
+                        tracing::warn!(controller = %addr, %reason, "heartbeat stream to the controller lost; writes stop being acknowledged if it is not back within the write fence");
+                    }
+                }
+            }
+        });
+    }
+
+    // Draining is reported in the status.
+    {
+        let status_tx = status_tx.clone();
+        let mut drain = drain_rx.clone();
+        let view = shards.view.clone();
+        tokio::spawn(async move {
+            while drain.changed().await.is_ok() {
+                if *drain.borrow() {
+                    view.set_draining();
+                    status_tx.send_modify(|s| s.draining = true);
+                    return;
+                }
+            }
+        });
+    }
+
+    tokio::spawn(apply_loop(
+        config.clone(),
+        shards.clone(),
+        assignment_rx.clone(),
+        controller_id_rx,
+        status_tx,
+    ));
+    tokio::spawn(catalog_reload_loop(shards.catalog.clone()));
+    tokio::spawn(controller_loop(
+        config.clone(),
+        shards.clone(),
+        leadership.clone(),
+    ));
+
+    Ok(ClusterHandle {
+        drain: drain_tx,
+        status: status_rx,
+        assignment: assignment_rx,
+        leadership,
+    })
+}
+
+/// Runs this broker's candidate; it releases the Lease (if held) and stops competing when a
+/// drain begins.
+fn start_election<B: LeaseBackend + 'static>(
+    config: &ClusterConfig,
+    backend: B,
+    mut drain: watch::Receiver<bool>,
+) -> anyhow::Result<watch::Receiver<Leadership>> {
+    let driver = ElectionDriver::new(backend, config.identity(), config.election)
+        .context("invalid lease timings")?;
+    let rx = driver.subscribe();
+    tokio::spawn(async move {
+        driver
+            .run(async move {
+                while !*drain.borrow_and_update() {
+                    if drain.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            })
+            .await;
+    });
+    Ok(rx)
+}
+
+/// Follows the catalog files on the shared volume.
+async fn catalog_reload_loop(catalog: Arc<Catalog>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let c = catalog.clone();
+        match tokio::task::spawn_blocking(move || c.reload()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!("re-reading the topic catalog: {e}"),
+            Err(e) => tracing::warn!("catalog reload task failed: {e}"),
+        }
+    }
+}
+
+/// Applies every accepted assignment to the shards, in order. Take-overs that fail (a topic
+/// not yet visible, an IO error) are retried every second.
+async fn apply_loop(
+    config: Arc<ClusterConfig>,
+    shards: Arc<Shards>,
+    mut assignments: watch::Receiver<Option<Arc<Assignment>>>,
+    mut controller: watch::Receiver<Option<i32>>,
+    status: watch::Sender<LocalStatus>,
+) {
+    let me = BrokerId(config.broker_id);
+    let mut applied: Option<Arc<Assignment>> = None;
+    let mut retry: BTreeSet<TopicPartition> = BTreeSet::new();
+    loop {
+        let next = assignments.borrow_and_update().clone();
+        let controller_id = *controller.borrow_and_update();
+        if let Some(next) = next {
+            if applied.as_ref().map(|a| a.order_key()) != Some(next.order_key()) {
+                let c = shards.catalog.clone();
+                let _ = tokio::task::spawn_blocking(move || c.reload()).await;
+                let d = diff(applied.as_deref(), &next, me);
+                retry.retain(|tp| next.leader(tp) == Some(me));
+                let started = std::time::Instant::now();
+                if !d.relinquish.is_empty() {
+                    send_to_shards(&shards, &d.relinquish, true).await;
+                }
+                shards
+                    .view
+                    .publish(ClusterState::new(Some(next.clone()), controller_id));
+                let failed = send_to_shards(&shards, &d.take_over, false).await;
+                retry.extend(failed);
+                tracing::info!(
+                    epoch = next.controller_epoch,
+                    version = next.assignment_version,
+                    took_over = d.take_over.len(),
+                    relinquished = d.relinquish.len(),
+                    failed = retry.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "applied assignment"
+                );
+                applied = Some(next);
+                report(&status, applied.as_deref(), me, &retry);
+            } else {
+                shards
+                    .view
+                    .publish(ClusterState::new(Some(next), controller_id));
+            }
+        }
+        tokio::select! {
+            r = assignments.changed() => if r.is_err() { return },
+            r = controller.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_secs(1)), if !retry.is_empty() => {
+                let again: Vec<TopicPartition> = retry.iter().cloned().collect();
+                let c = shards.catalog.clone();
+                let _ = tokio::task::spawn_blocking(move || c.reload()).await;
+                retry = send_to_shards(&shards, &again, false).await.into_iter().collect();
+                report(&status, applied.as_deref(), me, &retry);
+            }
+        }
+    }
+}
+
+/// Publishes what this broker has applied and serves, for the next heartbeat.
+fn report(
+    status: &watch::Sender<LocalStatus>,
+    applied: Option<&Assignment>,
+    me: BrokerId,
+    failed: &BTreeSet<TopicPartition>,
+) {
+    let Some(a) = applied else { return };
+    let partitions: Vec<TopicPartition> = a
+        .led_by(me)
+        .filter(|tp| !failed.contains(*tp))
+        .cloned()
+        .collect();
+    status.send_modify(|s| {
+        s.applied_controller_epoch = a.controller_epoch;
+        s.applied_assignment_version = a.assignment_version;
+        s.partitions = partitions;
+    });
+}
+
+/// Sends take-overs (or relinquishes) to the shards owning each partition and waits for all.
+/// Returns the partitions whose take-over failed.
+async fn send_to_shards(
+    shards: &Shards,
+    partitions: &[TopicPartition],
+    relinquish: bool,
+) -> Vec<TopicPartition> {
+    let n = shards.control.len();
+    let mut per_shard: Vec<Vec<(String, i32)>> = vec![Vec::new(); n];
+    for tp in partitions {
+        per_shard[owner_shard(&tp.topic, tp.partition, n)].push((tp.topic.clone(), tp.partition));
+    }
+    let mut waits = Vec::new();
+    let mut failed = Vec::new();
+    for (shard, list) in per_shard.into_iter().enumerate() {
+        if list.is_empty() {
+            continue;
+        }
+        if relinquish {
+            let (done, wait) = futures::channel::oneshot::channel();
+            if shards.control[shard]
+                .unbounded_send(ControlMsg::Relinquish {
+                    partitions: list,
+                    done,
+                })
+                .is_ok()
+            {
+                waits.push(futures::future::Either::Left(async move {
+                    let _ = wait.await;
+                    Vec::new()
+                }));
+            }
+        } else {
+            let (done, wait) = futures::channel::oneshot::channel();
+            let copy = list.clone();
+            if shards.control[shard]
+                .unbounded_send(ControlMsg::TakeOver {
+                    partitions: list,
+                    done,
+                })
+                .is_ok()
+            {
+                waits.push(futures::future::Either::Right(async move {
+                    match wait.await {
+                        Ok(failures) => failures,
+                        Err(_) => copy
+                            .into_iter()
+                            .map(|tp| (tp, "shard stopped".to_string()))
+                            .collect(),
+                    }
+                }));
+            } else {
+                failed.extend(copy.into_iter().map(|(t, p)| TopicPartition::new(t, p)));
+            }
+        }
+    }
+    for failures in futures::future::join_all(waits).await {
+        for ((topic, partition), why) in failures {
+            tracing::warn!(%topic, partition, reason = %why, "take-over failed; retrying in 1 s");
+            failed.push(TopicPartition::new(topic, partition));
+        }
+    }
+    failed
+}
+
+/// While this broker holds the Lease: serve heartbeats and keep `assignment.json` current.
+async fn controller_loop(
+    config: Arc<ClusterConfig>,
+    shards: Arc<Shards>,
+    mut leadership: watch::Receiver<Leadership>,
+) {
+    loop {
+        // Wait to become controller.
+        let epoch = loop {
+            {
+                let l = leadership.borrow_and_update();
+                if l.leads_now() {
+                    break l.epoch;
+                }
+            }
+            if leadership.changed().await.is_err() {
+                return;
+            }
+        };
+        tracing::info!(
+            epoch,
+            broker = config.broker_id,
+            "this broker is the controller"
+        );
+        let listener = match bind_heartbeat(config.heartbeat_listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(listen = %config.heartbeat_listen, "cannot bind the heartbeat listener: {e}; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let server = HeartbeatServer::new(
+            ServerConfig {
+                ping_interval: Duration::from_secs(1),
+                alive_timeout: config.timing.release_after,
+                pinned: Some((BrokerId(config.broker_id), config.rack.clone())),
+                leadership: Some(leadership.clone()),
+            },
+            epoch,
+        );
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.clone().serve(listener, async move {
+            let _ = stop_rx.await;
+        }));
+        let lead_start = Instant::now();
+        let mut alive = server.alive();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if !leadership.borrow().leads_now() || leadership.borrow().epoch != epoch {
+                break;
+            }
+            if let Err(e) =
+                recompute(&config, &shards, &server, epoch, lead_start, &leadership).await
+            {
+                tracing::error!("writing assignment.json failed: {e:#}; retrying");
+            }
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = alive.changed() => {}
+                r = leadership.changed() => if r.is_err() { return },
+            }
+        }
+        tracing::info!(
+            epoch,
+            "no longer the controller; closing the heartbeat server"
+        );
+        let _ = stop_tx.send(());
+        let _ = serving.await;
+    }
+}
+
+async fn bind_heartbeat(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(128)
+}
+
+/// One controller round: plan, apply the handover rules, write the file if anything changed.
+async fn recompute(
+    config: &ClusterConfig,
+    shards: &Shards,
+    server: &HeartbeatServer,
+    epoch: u64,
+    lead_start: Instant,
+    leadership: &watch::Receiver<Leadership>,
+) -> anyhow::Result<()> {
+    let path = assignment_path(&config.data_dir);
+    let read_path = path.clone();
+    let previous = tokio::task::spawn_blocking(move || read_assignment(&read_path))
+        .await
+        .context("assignment read task")?
+        .context("reading assignment.json")?;
+    let leading_for = lead_start.elapsed();
+    // Brokers get this long to connect to a new controller before being counted as gone.
+    let grace = config.status_interval * 4;
+    let in_grace = leading_for < grace;
+    let registry = server.registry();
+    let mut alive: AliveBrokers = server.alive().borrow().clone();
+    if in_grace {
+        if let Some(prev) = &previous {
+            for b in prev.brokers.iter().filter(|b| b.health == Health::Alive) {
+                if registry.get(b.id).is_none() {
+                    alive.entry(b.id).or_insert_with(|| b.rack.clone());
+                }
+            }
+        }
+    }
+    let topics: TopicCounts = shards
+        .catalog
+        .snapshot()
+        .topics
+        .values()
+        .map(|t| (t.name.clone(), t.partitions))
+        .collect();
+    let base = handover::planning_base(previous.as_ref());
+    let plan = BalancePlanner::plan(&base, &alive, &topics);
+    let version = previous.as_ref().map_or(0, |p| p.assignment_version) + 1;
+    let now = std::time::Instant::now();
+    let gap = config.election_gap();
+    let standing = |b: BrokerId| {
+        let record = registry.get(b);
+        Standing {
+            applied: record.map(|r| {
+                (
+                    r.status.applied_controller_epoch,
+                    r.status.applied_assignment_version,
+                )
+            }),
+            silent_for: handover::silent_for(
+                record.map(|r| now.saturating_duration_since(r.last_seen)),
+                leading_for,
+                gap,
+            ),
+        }
+    };
+    let (partitions, pending) = handover::next_leadership(
+        previous.as_ref(),
+        &plan.assignment,
+        (epoch, version),
+        standing,
+        &config.timing,
+    );
+    let mut rows = server.broker_rows(previous.as_ref().map_or(&[][..], |p| &p.brokers));
+    if in_grace {
+        // Not heard yet is not dead yet: keep their previous health until the grace ends, so
+        // group coordinators do not move while brokers reconnect to a new controller.
+        if let Some(prev) = &previous {
+            for row in &mut rows {
+                if registry.get(row.id).is_none() {
+                    if let Some(p) = prev.broker(row.id) {
+                        row.health = p.health;
+                    }
+                }
+            }
+        }
+    }
+    let mut next = Assignment::new(epoch, version, rows, partitions, []);
+    next.pending = pending;
+    let unchanged = previous.as_ref().is_some_and(|p| {
+        p.controller_epoch == epoch
+            && p.brokers == next.brokers
+            && p.partitions == next.partitions
+            && p.pending == next.pending
+    });
+    if unchanged {
+        return Ok(());
+    }
+    // The exact gate, right before acting: a controller paused past its deadline must not
+    // write (and if the write itself is what got paused, followers fence it by epoch).
+    if !leadership.borrow().leads_now() {
+        return Ok(());
+    }
+    let moved: usize = next
+        .partitions
+        .iter()
+        .filter(|(tp, l)| previous.as_ref().and_then(|p| p.leader(tp)) != Some(**l))
+        .count();
+    let pending_n = next.pending.len();
+    let write_path = path.clone();
+    let bytes_next = next.clone();
+    tokio::task::spawn_blocking(move || write_assignment(&write_path, &bytes_next))
+        .await
+        .context("assignment write task")?
+        .with_context(|| format!("writing {}", path.display()))?;
+    server.assignment_changed(version);
+    tracing::info!(
+        epoch,
+        version,
+        partitions = next.partitions.len(),
+        newly_led = moved,
+        pending = pending_n,
+        alive = ?alive.keys().map(|b| b.0).collect::<Vec<_>>(),
+        "wrote assignment.json"
+    );
+    Ok(())
+}
+
+/// `/healthz` fields of cluster mode.
+pub fn health_json(
+    view: &ClusterView,
+    assignment: Option<&Assignment>,
+    status: &LocalStatus,
+    leadership: &Leadership,
+) -> serde_json::Value {
+    let me = BrokerId(view.me());
+    let assigned = assignment.map_or(0, |a| a.led_by(me).count());
+    let fence = view.fence_remaining();
+    serde_json::json!({
+        "broker_id": view.me(),
+        "controller_id": view.controller(),
+        "is_controller": leadership.leads_now(),
+        "controller_epoch": assignment.map(|a| a.controller_epoch),
+        "lease_epoch": leadership.epoch,
+        "assignment_version": assignment.map(|a| a.assignment_version),
+        "partitions_assigned": assigned,
+        "partitions_led": status.partitions.len(),
+        "partitions_pending_handover": assignment.map_or(0, |a| a.pending.len()),
+        "draining": view.draining(),
+        "write_fence_open": view.may_acknowledge(),
+        "write_fence_remaining_ms": if fence == Duration::MAX { None } else { Some(fence.as_millis() as u64) },
+        "brokers": assignment.map(|a| a.brokers.iter().map(|b| serde_json::json!({
+            "id": b.id.0, "host": b.host, "port": b.port, "rack": b.rack, "health": b.health,
+        })).collect::<Vec<_>>()),
+    })
+}
+
+/// Whether every partition the accepted assignment gives this broker is served (for /readyz).
+pub fn serving_all_assigned(
+    assignment: Option<&Assignment>,
+    status: &LocalStatus,
+    me: i32,
+) -> bool {
+    let Some(a) = assignment else { return false };
+    if (a.controller_epoch, a.assignment_version)
+        != (
+            status.applied_controller_epoch,
+            status.applied_assignment_version,
+        )
+    {
+        return false;
+    }
+    let served: BTreeSet<&TopicPartition> = status.partitions.iter().collect();
+    a.led_by(BrokerId(me)).all(|tp| served.contains(tp))
+}
+
+/// The StatefulSet ordinal from the pod's hostname (`kaas-2` → 2), for `--broker-id` in a pod.
+pub fn ordinal_from_hostname() -> Option<i32> {
+    let host = std::env::var("HOSTNAME").ok()?;
+    host.rsplit_once('-')?.1.parse().ok()
+}
