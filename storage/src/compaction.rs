@@ -61,22 +61,6 @@ fn bytes_field<'a>(b: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
     Some(Some(s))
 }
 
-/// Whether compaction can read this batch's records without decompressing (uncompressed, not
-/// a control batch).
-pub fn is_compactable(h: &BatchHeader) -> bool {
-    h.compression() == 0 && !h.is_control()
-}
-
-/// The records of an uncompressed batch, bounds-checked; `None` if they do not parse (the
-/// batch is then kept whole) or the batch is compressed.
-pub fn records(batch_bytes: &[u8]) -> Option<Vec<RecordRef<'_>>> {
-    let h = batch::peek_header(batch_bytes).ok()?;
-    if !is_compactable(&h) {
-        return None;
-    }
-    parse_records(&h, batch_bytes.get(BATCH_HEADER_LEN..h.total_len())?)
-}
-
 /// The records of any data batch, compressed or not: a compressed batch is decompressed into
 /// `scratch` (reused between calls) and the records borrow from it. `None` for a control
 /// batch, an unknown codec, a body that does not decompress within
@@ -214,6 +198,15 @@ pub fn empty_batch(batch_bytes: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
     use kaas_wire::batch::{build_batch, verify_batch, BatchSpec};
+
+    /// The records of an uncompressed batch (`None` for a compressed one).
+    fn records(b: &[u8]) -> Option<Vec<RecordRef<'_>>> {
+        let h = batch::peek_header(b).ok()?;
+        if h.compression() != 0 {
+            return None;
+        }
+        super::parse_records(&h, b.get(BATCH_HEADER_LEN..h.total_len())?)
+    }
 
     // Records parse back to their keys, offsets and tombstone flags.
     #[test]

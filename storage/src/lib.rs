@@ -23,7 +23,9 @@ mod segment;
 
 pub use error::StorageError;
 pub use manifest::write_atomically;
-pub use partition::{AppendOutcome, LogConfig, PartitionLog, ReadOutcome, TimestampLookup};
+pub use partition::{
+    AppendOutcome, IndexStats, LogConfig, PartitionLog, ReadOutcome, TimestampLookup,
+};
 pub use producer::ProducerCheck;
 
 /// An offset in a partition's log.

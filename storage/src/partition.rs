@@ -45,6 +45,9 @@ pub struct LogConfig {
     pub delete_retention_ms: i64,
     /// `min.compaction.lag.ms`: segments with records newer than this are not compacted.
     pub min_compaction_lag_ms: i64,
+    /// `index.interval.bytes`: the batch index keeps one mark per this many bytes of log; a
+    /// lookup scans batch headers forward from the nearest mark.
+    pub index_interval_bytes: u64,
     /// `min.cleanable.dirty.ratio` (0.0 to 1.0, Kafka's default 0.5): compaction runs only when
     /// the bytes written since the last cleaning (the dirty section, from the cleaner
     /// checkpoint to the first segment that may not be cleaned yet) make up at least this
@@ -71,6 +74,7 @@ impl Default for LogConfig {
             delete_retention_ms: 24 * 3600 * 1000,
             min_compaction_lag_ms: 0,
             min_cleanable_dirty_ratio: 0.5,
+            index_interval_bytes: 4096,
             flush_ms: 1000,
             flush_messages: u64::MAX,
             fsync_timeout_ms: 30_000,
@@ -108,6 +112,17 @@ pub struct ReadOutcome {
     pub records: Bytes,
     pub high_watermark: i64,
     pub log_start_offset: i64,
+}
+
+/// How big a partition's batch index is (see `index.rs`: one mark per `index.interval.bytes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Batches in the log.
+    pub batches: u64,
+    /// Index marks held in memory.
+    pub marks: u64,
+    /// Heap bytes the marks (and epoch runs) take.
+    pub heap_bytes: u64,
 }
 
 /// Answer to a ListOffsets-by-timestamp lookup.
@@ -205,16 +220,22 @@ impl PartitionLog {
                 .len();
             // The active segment's index exists only if it was written at a clean shutdown
             // after the last open (every open deletes it), and it must match the file's length.
-            let saved = index::file::load(&path, len);
+            let saved = index::file::load(&path, len, config.index_interval_bytes);
             let covered = |idx: &BatchIndex| idx.last().is_none_or(|e| e.last_offset < replay_from);
             match saved {
                 Some(idx) if covered(&idx) => {
                     segments.push(Segment::open_indexed(path, base, ep, idx).await?)
                 }
                 _ => {
-                    let (seg, truncated) =
-                        Segment::open_and_recover(path, base, ep, &mut producers, replay_from)
-                            .await?;
+                    let (seg, truncated) = Segment::open_and_recover(
+                        path,
+                        base,
+                        ep,
+                        &mut producers,
+                        replay_from,
+                        config.index_interval_bytes,
+                    )
+                    .await?;
                     cut = truncated;
                     segments.push(seg);
                 }
@@ -240,7 +261,9 @@ impl PartitionLog {
                 .min(manifest.log_start_offset),
         );
         if segments.is_empty() {
-            segments.push(Segment::create(&dir, log_end_offset, epoch).await?);
+            segments.push(
+                Segment::create(&dir, log_end_offset, epoch, config.index_interval_bytes).await?,
+            );
         }
         // Written only when something changed: an fsync per partition would make opening
         // thousands of partitions take seconds.
@@ -297,7 +320,21 @@ impl PartitionLog {
     pub fn size_bytes(&self) -> u64 {
         self.state.borrow().segments.iter().map(|s| s.size).sum()
     }
+    /// The batch index's size over all segments, for probes and tests.
+    pub fn index_stats(&self) -> IndexStats {
+        let st = self.state.borrow();
+        let mut stats = IndexStats::default();
+        for seg in &st.segments {
+            stats.batches += seg.index.batch_count();
+            stats.marks += seg.index.mark_count() as u64;
+            stats.heap_bytes += seg.index.heap_bytes() as u64;
+        }
+        stats
+    }
     pub fn set_config(&self, config: LogConfig) {
+        if let Some(active) = self.state.borrow_mut().segments.last_mut() {
+            active.index.set_interval_bytes(config.index_interval_bytes);
+        }
         *self.config.borrow_mut() = config;
     }
 
@@ -500,7 +537,11 @@ impl PartitionLog {
             let st = self.state.borrow();
             let cfg = self.config.borrow();
             let seg = st.segments.last().expect("active segment");
-            let full = seg.size > 0 && seg.size + incoming > cfg.segment_bytes;
+            // Past 4 GiB or 2^31 offsets the index's 32-bit relative marks would not fit (a
+            // batch adds fewer than 2^31 offsets, so the segment stays under 2^32).
+            let full = seg.size > 0
+                && (seg.size + incoming > cfg.segment_bytes.min(u32::MAX as u64)
+                    || st.log_end_offset - seg.base_offset > i32::MAX as i64);
             let old =
                 seg.size > 0 && seg.opened_at.elapsed() > Duration::from_millis(cfg.segment_ms);
             let epoch_changed = seg.epoch < st.epoch;
@@ -534,7 +575,8 @@ impl PartitionLog {
             }
             .store(&self.dir)?;
         }
-        let seg = Segment::create(&self.dir, next, epoch).await?;
+        let interval = self.config.borrow().index_interval_bytes;
+        let seg = Segment::create(&self.dir, next, epoch, interval).await?;
         let mut st = self.state.borrow_mut();
         if st.segments.last().is_some_and(|s| s.size == 0) {
             // An empty segment (the epoch changed before anything was written) is replaced.
@@ -644,13 +686,7 @@ impl PartitionLog {
             let mut n = 0;
             while st.segments.len() - n > 1 {
                 let seg = &st.segments[n];
-                let newest = seg
-                    .index
-                    .entries()
-                    .iter()
-                    .map(|e| e.max_timestamp)
-                    .max()
-                    .unwrap_or(i64::MIN);
+                let newest = seg.index.newest_timestamp().unwrap_or(i64::MIN);
                 let expired =
                     cfg.retention_ms >= 0 && newest < now_ms.saturating_sub(cfg.retention_ms);
                 let oversized =
@@ -734,93 +770,54 @@ impl PartitionLog {
     /// A sealed segment is never truncated or rewritten in place (retention unlinks it, and the
     /// mapping stays valid until the last reader drops it), so the mapping cannot SIGBUS. The
     /// active segment is mapped up to its current length and remapped as it grows
-    /// (`Segment::mapped_upto`); a positioned read is the fallback.
+    /// (`Segment::mapped_upto`).
+    ///
+    /// The batch is found through the sparse index (a binary search over its marks, then a
+    /// walk over at most one `index.interval.bytes` of batch headers in the mapping), and the
+    /// extent up to `max_bytes` likewise, so a read touches a bounded number of headers
+    /// whatever the batch size or the fetch size.
     pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
-        let (file, path, position, len, hw, start, mapped) = {
-            let st = self.state.borrow();
-            let (hw, start) = (st.log_end_offset, st.log_start_offset);
-            if offset < start || offset > hw {
-                return Err(StorageError::OffsetOutOfRange {
-                    offset,
-                    log_start: start,
-                    log_end: hw,
-                });
-            }
-            if offset == hw {
-                return Ok(ReadOutcome {
-                    records: Bytes::new(),
-                    high_watermark: hw,
-                    log_start_offset: start,
-                });
-            }
-            let si = st
-                .segments
-                .partition_point(|s| s.base_offset <= offset)
-                .saturating_sub(1);
-            let mut found = None;
-            let last = st.segments.len() - 1;
-            for (k, seg) in st.segments.iter().enumerate().skip(si) {
-                let entries = seg.index.entries();
-                let i = seg.index.find(offset);
-                if i < entries.len() {
-                    found = Some((seg, i, k < last));
-                    break;
-                }
-            }
-            let Some((seg, i, sealed)) = found else {
-                return Ok(ReadOutcome {
-                    records: Bytes::new(),
-                    high_watermark: hw,
-                    log_start_offset: start,
-                });
-            };
-            let entries = seg.index.entries();
-            let first = entries[i];
-            let mut end = first.end_position();
-            for e in &entries[i + 1..] {
-                if (e.end_position() - first.position) as usize > max_bytes {
-                    break;
-                }
-                end = e.end_position();
-            }
-            let mapped = if sealed {
-                seg.mapped()?
-            } else {
-                seg.mapped_upto(end)?
-            };
-            (
-                seg.file.clone(),
-                seg.path.clone(),
-                first.position,
-                (end - first.position) as usize,
-                hw,
-                start,
-                mapped,
-            )
-        };
-        if let Some(map) = mapped {
-            return Ok(ReadOutcome {
-                records: map.slice(position as usize..position as usize + len),
-                high_watermark: hw,
-                log_start_offset: start,
+        let st = self.state.borrow();
+        let (hw, start) = (st.log_end_offset, st.log_start_offset);
+        if offset < start || offset > hw {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start: start,
+                log_end: hw,
             });
         }
-        let data = file
-            .read_at(position, len)
-            .await
-            .map_err(|e| StorageError::io("reading segment", &path, e))?;
-        if data.len() != len {
-            return Err(StorageError::io(
-                "reading segment",
-                &path,
-                format!("short read: {} of {len} bytes", data.len()),
-            ));
-        }
-        Ok(ReadOutcome {
-            records: Bytes::copy_from_slice(&data),
+        let outcome = |records: Bytes| ReadOutcome {
+            records,
             high_watermark: hw,
             log_start_offset: start,
-        })
+        };
+        if offset == hw {
+            return Ok(outcome(Bytes::new()));
+        }
+        let si = st
+            .segments
+            .partition_point(|s| s.base_offset <= offset)
+            .saturating_sub(1);
+        let last = st.segments.len() - 1;
+        // The first segment with a batch ending at or after `offset` (compaction can leave a
+        // segment's tail, or a whole segment, without the offsets its name suggests).
+        for (k, seg) in st.segments.iter().enumerate().skip(si) {
+            if seg.index.last().is_none_or(|l| l.last_offset < offset) {
+                continue;
+            }
+            let Some(data) = seg.data(k < last)? else {
+                continue;
+            };
+            let Some(first) = seg.index.find(&data, offset) else {
+                continue;
+            };
+            // Whole batches from there while they fit in `max_bytes` (at least one).
+            let from = first.position as usize;
+            let limit = first.position.saturating_add(max_bytes as u64);
+            let end = seg.index.end_within(&data, first.end_position(), limit) as usize;
+            return Ok(outcome(data.slice(from..end)));
+        }
+        Ok(outcome(Bytes::new()))
     }
 
     /// Waits until the log end offset passes `offset` or `timeout` elapses.
@@ -843,34 +840,29 @@ impl PartitionLog {
 
     /// ListOffsets by timestamp: the first record whose timestamp is at or after `timestamp`.
     /// The batch index finds the batch (its max timestamp is the first to reach the target);
-    /// the batch's records then give the exact offset. A compressed batch is answered at batch
-    /// granularity (its base offset), since reading its records would mean decompressing.
+    /// the batch's records (decompressed if need be) then give the exact offset.
     pub async fn offset_for_timestamp(
         &self,
         timestamp: i64,
     ) -> Result<Option<TimestampLookup>, StorageError> {
-        let found = {
-            let st = self.state.borrow();
-            st.segments.iter().find_map(|seg| {
-                seg.index
-                    .find_timestamp(timestamp)
-                    .map(|i| seg.index.entries()[i])
-            })
-        };
-        let Some(e) = found else { return Ok(None) };
         let start = self.log_start_offset();
-        let bytes = self.read_batch(e.base_offset).await?;
-        let exact = bytes
-            .as_deref()
-            .and_then(compaction::records)
-            .and_then(|recs| {
-                recs.into_iter()
-                    .find(|r| r.timestamp >= timestamp && r.offset >= start)
-            });
+        let Some((e, bytes)) = self.find_batch(
+            |index| index.newest_timestamp() >= Some(timestamp),
+            |index, data| index.find_timestamp(data, timestamp),
+        )?
+        else {
+            return Ok(None);
+        };
+        let mut scratch = Vec::new();
+        let exact = compaction::records_in(&bytes, &mut scratch).and_then(|recs| {
+            recs.into_iter()
+                .find(|r| r.timestamp >= timestamp && r.offset >= start)
+                .map(|r| (r.offset, r.timestamp))
+        });
         Ok(Some(match exact {
-            Some(r) => TimestampLookup {
-                offset: r.offset,
-                timestamp: r.timestamp,
+            Some((offset, timestamp)) => TimestampLookup {
+                offset,
+                timestamp,
                 leader_epoch: e.leader_epoch,
             },
             None => TimestampLookup {
@@ -884,38 +876,57 @@ impl PartitionLog {
     /// ListOffsets MAX_TIMESTAMP: the first record carrying the largest timestamp (as Kafka
     /// records it), found inside the batch with the largest max timestamp.
     pub async fn max_timestamp(&self) -> Result<Option<TimestampLookup>, StorageError> {
-        let found = {
+        let newest = {
             let st = self.state.borrow();
             st.segments
                 .iter()
-                .filter_map(|s| s.index.max_timestamp().copied())
-                .max_by_key(|e| (e.max_timestamp, std::cmp::Reverse(e.base_offset)))
+                .filter_map(|s| s.index.newest())
+                .max_by_key(|&(ts, base)| (ts, std::cmp::Reverse(base)))
         };
-        let Some(e) = found else { return Ok(None) };
-        let bytes = self.read_batch(e.base_offset).await?;
-        let exact = bytes
-            .as_deref()
-            .and_then(compaction::records)
-            .and_then(|recs| recs.into_iter().find(|r| r.timestamp == e.max_timestamp));
+        let Some((_, base)) = newest else {
+            return Ok(None);
+        };
+        let Some((e, bytes)) = self.find_batch(
+            |index| index.last().is_some_and(|l| l.last_offset >= base),
+            |index, data| index.find(data, base),
+        )?
+        else {
+            return Ok(None);
+        };
+        let mut scratch = Vec::new();
+        let exact = compaction::records_in(&bytes, &mut scratch)
+            .and_then(|recs| recs.into_iter().find(|r| r.timestamp == e.max_timestamp))
+            .map(|r| r.offset);
         Ok(Some(TimestampLookup {
-            offset: exact.map(|r| r.offset).unwrap_or(e.last_offset),
+            offset: exact.unwrap_or(e.last_offset),
             timestamp: e.max_timestamp,
             leader_epoch: e.leader_epoch,
         }))
     }
 
-    /// The bytes of the single batch starting at `base_offset`, if it is still in the log.
-    async fn read_batch(&self, base_offset: i64) -> Result<Option<Bytes>, StorageError> {
-        if base_offset < self.log_start_offset() {
-            return Ok(None);
+    /// The first batch, over the segments in order, that `lookup` finds in a segment's index
+    /// and data, with its bytes. Only segments that `may_hold` accepts from their index alone
+    /// are mapped.
+    fn find_batch(
+        &self,
+        may_hold: impl Fn(&BatchIndex) -> bool,
+        lookup: impl Fn(&BatchIndex, &[u8]) -> Option<BatchEntry>,
+    ) -> Result<Option<(BatchEntry, Bytes)>, StorageError> {
+        let st = self.state.borrow();
+        let last = st.segments.len() - 1;
+        for (k, seg) in st.segments.iter().enumerate() {
+            if !may_hold(&seg.index) {
+                continue;
+            }
+            let Some(data) = seg.data(k < last)? else {
+                continue;
+            };
+            if let Some(e) = lookup(&seg.index, &data) {
+                let bytes = data.slice(e.position as usize..e.end_position() as usize);
+                return Ok(Some((e, bytes)));
+            }
         }
-        let r = self.read(base_offset, 1).await?;
-        Ok((!r.records.is_empty()).then(|| {
-            let len = batch::peek_header(&r.records)
-                .map(|h| h.total_len())
-                .unwrap_or(r.records.len());
-            r.records.slice(..len.min(r.records.len()))
-        }))
+        Ok(None)
     }
 
     /// OffsetForLeaderEpoch: the largest epoch ≤ `epoch` present in the log and the offset where
@@ -927,14 +938,14 @@ impl PartitionLog {
         }
         let mut best: Option<i32> = None;
         for seg in &st.segments {
-            for e in seg.index.entries() {
-                if e.leader_epoch > epoch {
+            for &(run_epoch, run_start) in seg.index.epochs() {
+                if run_epoch > epoch {
                     return match best {
-                        Some(b) => (b, e.base_offset),
+                        Some(b) => (b, run_start),
                         None => (-1, -1),
                     };
                 }
-                best = Some(e.leader_epoch);
+                best = Some(run_epoch);
             }
         }
         match best {
@@ -1103,7 +1114,7 @@ impl PartitionLog {
                 continue;
             }
             let mut out: Vec<u8> = Vec::with_capacity(bytes.len());
-            let mut index = BatchIndex::default();
+            let mut index = BatchIndex::new(base, cfg.index_interval_bytes);
             let mut at = 0;
             let mut changed = false;
             while at < bytes.len() {
@@ -1240,7 +1251,9 @@ impl PartitionLog {
             return Ok(false);
         }
         // Rename over the old file: readers holding its mapping keep the old inode; new reads
-        // see the cleaned one. The directory fsync makes the swap survive a crash.
+        // see the cleaned one. The directory fsync makes the swap survive a crash. The old
+        // index goes first, so a crash in between leaves none rather than a stale one.
+        let _ = std::fs::remove_file(index::file::path_for(&path));
         std::fs::rename(&tmp, &path)
             .map_err(|e| StorageError::io("renaming cleaned segment", &path, e))?;
         crate::segment::sync_dir(&self.dir)?;

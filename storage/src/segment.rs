@@ -46,7 +46,12 @@ pub struct Segment {
 }
 
 impl Segment {
-    pub async fn create(dir: &Path, base_offset: i64, epoch: i32) -> Result<Segment, StorageError> {
+    pub async fn create(
+        dir: &Path,
+        base_offset: i64,
+        epoch: i32,
+        index_interval_bytes: u64,
+    ) -> Result<Segment, StorageError> {
         let path = dir.join(segment_file_name(base_offset, epoch));
         let file = OpenOptions::new()
             .read(true)
@@ -64,7 +69,7 @@ impl Segment {
             path,
             file: Rc::new(file),
             size: 0,
-            index: BatchIndex::default(),
+            index: BatchIndex::new(base_offset, index_interval_bytes),
             opened_at: Instant::now(),
             map: Default::default(),
             allocated: Default::default(),
@@ -82,6 +87,7 @@ impl Segment {
         epoch: i32,
         producers: &mut ProducerStateTable,
         replay_from: i64,
+        index_interval_bytes: u64,
     ) -> Result<(Segment, bool), StorageError> {
         let file = OpenOptions::new()
             .read(true)
@@ -93,7 +99,7 @@ impl Segment {
             .file_size()
             .await
             .map_err(|e| StorageError::io("sizing segment", &path, e))?;
-        let mut index = BatchIndex::default();
+        let mut index = BatchIndex::new(base_offset, index_interval_bytes);
         let mut next_offset = base_offset;
         let mut pos: u64 = 0;
         'scan: while pos < file_len {
@@ -264,6 +270,17 @@ impl Segment {
         let bytes = Bytes::from_owner(map);
         *self.map.borrow_mut() = Some(bytes.clone());
         Ok(Some(bytes))
+    }
+
+    /// The segment's data (whole, verified batches up to `size`) from its memory mapping:
+    /// [`Segment::mapped`] when sealed, [`Segment::mapped_upto`] when active. `None` when empty.
+    pub fn data(&self, sealed: bool) -> Result<Option<Bytes>, StorageError> {
+        let map = if sealed {
+            self.mapped()?
+        } else {
+            self.mapped_upto(self.size)?
+        };
+        Ok(map.map(|m| m.slice(..self.size as usize)))
     }
 
     /// The offset after the last batch in this segment (its base offset when empty).

@@ -37,6 +37,8 @@ struct Model {
 fn config() -> LogConfig {
     LogConfig {
         segment_bytes: 600,
+        // Several index marks per segment, so lookups scan headers between marks.
+        index_interval_bytes: 150,
         retention_ms: -1,
         retention_bytes: -1,
         flush_ms: 50,

@@ -341,3 +341,79 @@ fn compaction_waits_for_dirty_ratio() {
         assert_eq!(log.compact(1000).await.unwrap(), 0);
     });
 }
+
+// The batch index is sparse (one mark per index.interval.bytes, so far fewer marks than small
+// batches), yet every offset and every batch's timestamp is still found, before and after a
+// clean reopen (saved index files) and a crash reopen (scanned segments).
+#[test]
+fn sparse_index_finds_every_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let cfg = LogConfig {
+            segment_bytes: 64 * 1024,
+            ..LogConfig::default()
+        };
+        let mut log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        let mut bases = Vec::new();
+        for i in 0..3000i64 {
+            let n = 1 + (i % 3) as usize;
+            let v = format!("value-{i}");
+            let recs: Vec<kaas_wire::batch::RecordKv> =
+                (0..n).map(|_| (None, Some(v.as_bytes()))).collect();
+            let spec = BatchSpec {
+                timestamp: 10 * i,
+                ..Default::default()
+            };
+            let headers_bytes = build_batch(spec, &recs);
+            let headers = verify_produced_record_set(&headers_bytes).unwrap();
+            let out = log
+                .append(&headers_bytes, &headers, LeaderEpoch(0))
+                .await
+                .unwrap();
+            bases.push((out.base_offset(), out.end_offset() - 1, 10 * i));
+        }
+        for round in 0..3 {
+            let stats = log.index_stats();
+            assert_eq!(stats.batches, 3000);
+            assert!(
+                stats.marks * 20 < stats.batches,
+                "round {round}: {} marks for {} batches",
+                stats.marks,
+                stats.batches
+            );
+            for &(base, last, ts) in &bases {
+                for offset in base..=last {
+                    let r = log.read(offset, 1).await.unwrap();
+                    let h = kaas_wire::batch::verify_batch(&r.records).unwrap();
+                    assert_eq!(
+                        (h.base_offset, h.last_offset()),
+                        (base, last),
+                        "offset {offset}"
+                    );
+                    assert_eq!(h.total_len(), r.records.len(), "one batch for max_bytes 1");
+                }
+                let found = log.offset_for_timestamp(ts - 5).await.unwrap().unwrap();
+                assert_eq!((found.offset, found.timestamp), (base, ts));
+            }
+            let newest = log.max_timestamp().await.unwrap().unwrap();
+            assert_eq!(newest.timestamp, 10 * 2999);
+            // A large read returns whole, contiguous batches up to max_bytes.
+            let r = log.read(0, 5000).await.unwrap();
+            let hs = verify_produced_record_set(&r.records).unwrap();
+            assert!(r.records.len() <= 5000 && hs.len() > 10);
+            assert!(hs
+                .windows(2)
+                .all(|w| w[0].last_offset() + 1 == w[1].base_offset));
+            if round == 0 {
+                log.close().await.unwrap();
+            }
+            drop(log);
+            log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+                .await
+                .unwrap();
+        }
+    });
+}
