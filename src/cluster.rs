@@ -351,6 +351,7 @@ async fn apply_loop(
                 shards
                     .view
                     .publish(ClusterState::new(Some(next.clone()), controller_id));
+                release_groups(&shards).await;
                 let failed = send_to_shards(&shards, &d.take_over, false).await;
                 retry.extend(failed);
                 tracing::info!(
@@ -382,6 +383,17 @@ async fn apply_loop(
             }
         }
     }
+}
+
+/// Asks every shard to close the consumer groups this broker no longer coordinates.
+async fn release_groups(shards: &Shards) {
+    let waits = shards.control.iter().filter_map(|tx| {
+        let (done, wait) = futures::channel::oneshot::channel();
+        tx.unbounded_send(ControlMsg::ReleaseGroups { done })
+            .ok()
+            .map(|_| wait)
+    });
+    futures::future::join_all(waits).await;
 }
 
 /// Publishes what this broker has applied and serves, for the next heartbeat.

@@ -9,6 +9,7 @@ use kaas_control::balancer::{AliveBrokers, BrokerId};
 use kaas_control::heartbeat::{
     ClientConfig, ControllerEvent, HeartbeatClient, HeartbeatServer, LocalStatus, ServerConfig,
 };
+use kaas_control::lease::Leadership;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -53,9 +54,13 @@ impl RunningServer {
 }
 
 async fn start_server_on(addr: &str, epoch: u64) -> RunningServer {
+    start_server_with(addr, server_config(), epoch).await
+}
+
+async fn start_server_with(addr: &str, config: ServerConfig, epoch: u64) -> RunningServer {
     let listener = TcpListener::bind(addr).await.expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
-    let server = HeartbeatServer::new(server_config(), epoch);
+    let server = HeartbeatServer::new(config, epoch);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server.clone().serve(listener, async {
         let _ = stopped.await;
@@ -303,5 +308,58 @@ async fn client_waits_for_a_controller() {
     controller.send_replace(Some(server.addr.to_string()));
     let mut alive = server.server.alive();
     wait_alive(&mut alive, &[5]).await;
+    server.stop().await;
+}
+
+// Statuses are acknowledged with the instant they were sent (the start of the broker's write
+// fence), and only while the controller's Lease is valid at the moment of sending: a controller
+// whose deadline passed must not extend any broker's fence.
+#[tokio::test]
+async fn statuses_are_acknowledged_only_while_the_lease_is_valid() {
+    let (leadership_tx, leadership) = watch::channel(Leadership {
+        leader: true,
+        holder: Some("0@c".into()),
+        epoch: 3,
+        leader_until: Some(tokio::time::Instant::now() + Duration::from_secs(60)),
+    });
+    let config = ServerConfig {
+        leadership: Some(leadership),
+        ..server_config()
+    };
+    let server = start_server_with("127.0.0.1:0", config, 3).await;
+    let mut broker = start_broker_at(0, server.addr);
+    let before = tokio::time::Instant::now();
+    let ack = wait_event(&mut broker.events, "an acknowledgement", |e| {
+        matches!(
+            e,
+            ControllerEvent::Ping {
+                acked_sent_at: Some(_),
+                ..
+            }
+        )
+    })
+    .await;
+    let ControllerEvent::Ping {
+        acked_sent_at: Some(sent),
+        ..
+    } = ack
+    else {
+        unreachable!()
+    };
+    assert!(sent >= before && sent <= tokio::time::Instant::now());
+
+    // The deadline passes (as after a pause): plain PINGs may still go out, acks may not.
+    leadership_tx.send_modify(|l| l.leader_until = Some(tokio::time::Instant::now()));
+    while broker.events.try_recv().is_ok() {}
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1_500);
+    let mut pings = 0;
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, broker.events.recv()).await {
+        if let ControllerEvent::Ping { acked_sent_at, .. } = event {
+            assert_eq!(acked_sent_at, None, "acknowledged after the lease deadline");
+            pings += 1;
+        }
+    }
+    assert!(pings > 0, "the stream stayed up and pinged");
+    broker.task.abort();
     server.stop().await;
 }

@@ -79,6 +79,11 @@ pub enum ControlMsg {
         partitions: Vec<(String, i32)>,
         done: futures::channel::oneshot::Sender<Vec<((String, i32), String)>>,
     },
+    /// The view changed: close the consumer groups this broker no longer coordinates and
+    /// release their locks.
+    ReleaseGroups {
+        done: futures::channel::oneshot::Sender<()>,
+    },
 }
 
 /// The shared view. See the module docs.

@@ -39,6 +39,7 @@ pub fn catalog(e: &CatalogError) -> i16 {
 pub fn group(e: &GroupError) -> i16 {
     match e {
         GroupError::NotCoordinator(_) => E::NotCoordinator.code(),
+        GroupError::LoadInProgress(_) => E::CoordinatorLoadInProgress.code(),
         GroupError::InvalidGroupId(_) => E::InvalidGroupId.code(),
         GroupError::InvalidRequest(_) => E::InvalidRequest.code(),
         GroupError::UnknownMemberId(_) => E::UnknownMemberId.code(),

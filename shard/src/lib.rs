@@ -229,6 +229,15 @@ async fn serve_control(
                 futures::future::join_all(closes).await;
                 let _ = done.send(());
             }
+            ControlMsg::ReleaseGroups { done } => {
+                let view = shard.cluster.clone();
+                let me = view.me();
+                shard
+                    .groups
+                    .release_unless(|g| view.coordinator(g) == Some(me))
+                    .await;
+                let _ = done.send(());
+            }
             ControlMsg::TakeOver { partitions, done } => {
                 let opens = partitions.into_iter().map(|(topic, p)| {
                     let shard = shard.clone();

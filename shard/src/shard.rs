@@ -67,8 +67,13 @@ impl Shard {
         peers: Peers,
         cluster: Arc<ClusterView>,
     ) -> Shard {
-        let groups =
-            GroupManager::new(id, config.shards, &config.data_dir, GroupConfig::from_env());
+        let groups = GroupManager::new(
+            id,
+            config.shards,
+            &config.data_dir,
+            GroupConfig::from_env(),
+            cluster.enabled(),
+        );
         Shard {
             id,
             nshards: config.shards,

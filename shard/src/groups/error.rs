@@ -9,6 +9,9 @@ pub enum GroupError {
     /// Cluster mode: another broker coordinates this group.
     #[error("{0}")]
     NotCoordinator(String),
+    /// Cluster mode: the group is still held by its previous coordinator.
+    #[error("{0}")]
+    LoadInProgress(String),
     #[error("{0}")]
     InvalidGroupId(String),
     #[error("{0}")]

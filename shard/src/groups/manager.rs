@@ -100,11 +100,28 @@ pub struct GroupManager {
     groups: RefCell<HashMap<String, Rc<Group>>>,
     loaded: Cell<bool>,
     load_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    /// Cluster mode: groups live on the shared volume and move between brokers, so a broker
+    /// serves a group only while it holds an exclusive `flock` on the group's directory
+    /// ([`GroupManager::claim`]), and loads the group from disk when it takes the lock.
+    shared_volume: bool,
+    /// The group locks held, by group id (cluster mode).
+    claims: RefCell<HashMap<String, std::fs::File>>,
 }
 
+/// The lock file inside a group's directory (cluster mode).
+const CLAIM_FILE: &str = "coordinator.lock";
+
 impl GroupManager {
-    pub fn new(shard_id: usize, nshards: usize, data_dir: &Path, config: GroupConfig) -> Self {
+    pub fn new(
+        shard_id: usize,
+        nshards: usize,
+        data_dir: &Path,
+        config: GroupConfig,
+        shared_volume: bool,
+    ) -> Self {
         GroupManager {
+            shared_volume,
+            claims: RefCell::new(HashMap::new()),
             shard_id,
             nshards,
             config,
@@ -137,7 +154,14 @@ impl GroupManager {
     pub async fn load(&self) {
         let started = Instant::now();
         let mut loaded = 0usize;
-        if let Ok(entries) = std::fs::read_dir(&self.root) {
+        // Cluster mode loads each group when this broker claims it, never all at start: most
+        // groups on the shared volume are coordinated by other brokers.
+        let entries = if self.shared_volume {
+            Err(std::io::Error::other("cluster mode"))
+        } else {
+            std::fs::read_dir(&self.root)
+        };
+        if let Ok(entries) = entries {
             let mut dirs: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok())
                 .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
@@ -192,6 +216,83 @@ impl GroupManager {
         self.loaded.set(true);
         for w in self.load_waiters.borrow_mut().drain(..) {
             let _ = w.send(());
+        }
+    }
+
+    /// Cluster mode: makes sure this broker may serve `group_id` — it holds the group's
+    /// directory lock, and the group's state was loaded from disk when the lock was taken (so
+    /// every offset the previous coordinator acknowledged is seen). A lock still held by the
+    /// previous coordinator (it has not yet applied the assignment that moved the group, or it
+    /// is paused) answers COORDINATOR_LOAD_IN_PROGRESS, which clients retry. Single-node: no-op.
+    pub async fn claim(&self, group_id: &str) -> Result<(), GroupError> {
+        if !self.shared_volume || self.claims.borrow().contains_key(group_id) {
+            return Ok(());
+        }
+        let dir = self.root.join(offsets::group_dir_name(group_id));
+        let storage = |e: std::io::Error| GroupError::Storage(format!("{}: {e}", dir.display()));
+        std::fs::create_dir_all(&dir).map_err(storage)?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(CLAIM_FILE))
+            .map_err(storage)?;
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor we own; no memory is involved.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                return Err(GroupError::LoadInProgress(format!(
+                    "group {group_id} is still held by its previous coordinator"
+                )));
+            }
+        }
+        if self.claims.borrow().contains_key(group_id) {
+            return Ok(()); // claimed concurrently by another request on this shard
+        }
+        // Any state in memory predates the claim; the disk is the truth now.
+        self.groups.borrow_mut().remove(group_id);
+        if dir.join(GROUP_ID_FILE).exists() {
+            let (log, table) = OffsetLog::open(dir.clone(), self.config.offsets_segment_bytes)
+                .await
+                .map_err(|e| GroupError::Storage(e.to_string()))?;
+            let kind = GroupKind::Classic(ClassicGroup::new(
+                group_id,
+                self.config.initial_rebalance_delay_ms,
+            ));
+            let group = Rc::new(Group::new(group_id, kind, table, Some(log)));
+            self.groups.borrow_mut().insert(group_id.to_string(), group);
+        }
+        self.claims.borrow_mut().insert(group_id.to_string(), lock);
+        tracing::info!(
+            shard = self.shard_id,
+            group = group_id,
+            "now coordinating group"
+        );
+        Ok(())
+    }
+
+    /// Cluster mode: closes every group this broker no longer coordinates (its offset log is
+    /// fsynced and closed first) and releases its lock, so the new coordinator can claim it.
+    pub async fn release_unless(&self, keep: impl Fn(&str) -> bool) {
+        let gone: Vec<String> = self
+            .claims
+            .borrow()
+            .keys()
+            .filter(|g| !keep(g))
+            .cloned()
+            .collect();
+        for gid in gone {
+            let group = self.groups.borrow_mut().remove(&gid);
+            if let Some(group) = group {
+                let log = group.log.borrow_mut().take();
+                if let Some(log) = log {
+                    if let Err(e) = log.close().await {
+                        tracing::error!(group = %gid, error = %e, "closing the offset log of a group moving away failed; the next coordinator recovers it");
+                    }
+                }
+            }
+            self.claims.borrow_mut().remove(&gid);
+            tracing::info!(shard = self.shard_id, group = %gid, "released group to its new coordinator");
         }
     }
 
@@ -368,6 +469,8 @@ impl GroupManager {
                 .map_err(|e| GroupError::Storage(format!("{}: {e}", dir.display())))?;
             let _ = std::fs::remove_dir_all(&gone);
         }
+        // The claim's lock file went with the directory; a later request claims afresh.
+        self.claims.borrow_mut().remove(group_id);
         Ok(())
     }
 

@@ -95,12 +95,18 @@ where
         )));
     }
     let owner = owner_shard(group_id, shard.nshards);
-    on_shard(shard, owner, move |s: Rc<Shard>| async move {
+    let gid = group_id.to_string();
+    let answer = on_shard(shard, owner, move |s: Rc<Shard>| async move {
         s.groups.ready().await;
-        f(s).await
+        s.groups.claim(&gid).await?;
+        Ok(f(s).await)
     })
-    .await
-    .unwrap_or_else(|| failed(unavailable()))
+    .await;
+    match answer {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => failed(e),
+        None => failed(unavailable()),
+    }
 }
 
 fn code(e: &Option<GroupError>) -> i16 {
