@@ -576,10 +576,13 @@ async fn recompute(
 ) -> anyhow::Result<()> {
     let path = assignment_path(&config.data_dir);
     let read_path = path.clone();
-    let previous = tokio::task::spawn_blocking(move || read_assignment(&read_path))
-        .await
-        .context("assignment read task")?
-        .context("reading assignment.json")?;
+    let (previous, bytes_read) = tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::metadata(&read_path).map_or(0, |m| m.len());
+        read_assignment(&read_path).map(|a| (a, bytes))
+    })
+    .await
+    .context("assignment read task")?
+    .context("reading assignment.json")?;
     let leading_for = lead_start.elapsed();
     // Brokers get this long to connect to a new controller before being counted as gone.
     let grace = config.status_interval * 4;
@@ -680,6 +683,9 @@ async fn recompute(
         newly_led = moved,
         pending = pending_n,
         alive = ?alive.keys().map(|b| b.0).collect::<Vec<_>>(),
+        // What a recompute costs: one file read (plus the in-memory catalog) and the plan.
+        read_bytes = bytes_read,
+        ms_since_elected = leading_for.as_millis() as u64,
         "wrote assignment.json"
     );
     Ok(())

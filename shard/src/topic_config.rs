@@ -71,6 +71,14 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         min: 0,
     },
     ConfigDef {
+        name: "index.interval.bytes",
+        default: "4096",
+        kind: ConfigType::Int,
+        doc: "Bytes of log between entries of the sparse offset and time index",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
         name: "max.message.bytes",
         default: "1048588",
         kind: ConfigType::Int,
@@ -177,9 +185,15 @@ pub fn validate(name: &str, value: &str) -> Result<(), String> {
             }
         }
         ConfigType::Double => {
-            value.parse::<f64>().map_err(|_| {
+            let v = value.parse::<f64>().map_err(|_| {
                 format!("Invalid value {value} for configuration {name}: not a number")
             })?;
+            // The one double Kafka has here is a ratio.
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!(
+                    "Invalid value {value} for configuration {name}: Value must be in [0,1]"
+                ));
+            }
         }
         ConfigType::Boolean => {
             if !matches!(value, "true" | "false") {
@@ -214,6 +228,8 @@ pub const BROKER_DEFAULTS: &[(&str, &str)] = &[
     ("compression.type", "compression.type"),
     ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
+    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
+    ("log.index.interval.bytes", "index.interval.bytes"),
 ];
 
 /// The topic config a dynamic broker config sets the default of.
@@ -286,6 +302,11 @@ pub fn log_config(
         min_compaction_lag_ms: number("min.compaction.lag.ms"),
         flush_ms: number("flush.ms").max(0) as u64,
         flush_messages: number("flush.messages").max(1) as u64,
+        min_cleanable_dirty_ratio: get("min.cleanable.dirty.ratio")
+            .parse::<f64>()
+            .unwrap_or(0.5)
+            .clamp(0.0, 1.0),
+        index_interval_bytes: number("index.interval.bytes").max(0) as u64,
         ..LogConfig::default()
     }
 }
