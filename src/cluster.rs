@@ -163,15 +163,29 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         }
     };
 
-    let mut watcher =
-        AssignmentWatcher::new(assignment_path(&config.data_dir), DEFAULT_POLL_INTERVAL);
+    let watcher = AssignmentWatcher::new(assignment_path(&config.data_dir), DEFAULT_POLL_INTERVAL);
     let notifier = watcher.notifier();
     let lease_epoch = watcher.lease_epoch();
     let assignment_rx = watcher.subscribe();
-    // Read the file once before the first Lease read, so a restarted broker starts from the
-    // current assignment rather than from nothing.
-    let _ = watcher.poll_once();
-    tokio::spawn(watcher.run());
+    // The watcher starts only once the Lease has been read: before that the epoch fence would
+    // compare against 0 and accept a file left by a deposed controller.
+    {
+        let mut first = leadership.clone();
+        let epoch = lease_epoch.clone();
+        tokio::spawn(async move {
+            // Wait for a Lease read that shows a holder (there is one within a retry period
+            // of any broker starting).
+            if first
+                .wait_for(|l| l.holder.is_some() || l.epoch > 0)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            epoch.observe(first.borrow().epoch);
+            watcher.run().await;
+        });
+    }
 
     // The controller's address (and id) follow the Lease holder.
     let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
@@ -528,16 +542,34 @@ async fn controller_loop(
         }));
         let lead_start = Instant::now();
         let mut alive = server.alive();
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        // Rounds are cheap (the last file written is kept in memory; the file is read once per
+        // election), so they run often: a handover completes one round after it may.
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last: Option<Arc<Assignment>> = None;
+        let mut rounds = 0u64;
         loop {
             if !leadership.borrow().leads_now() || leadership.borrow().epoch != epoch {
                 break;
             }
-            if let Err(e) =
-                recompute(&config, &shards, &server, epoch, lead_start, &leadership).await
-            {
-                tracing::error!("writing assignment.json failed: {e:#}; retrying");
+            // Every few seconds the file is read again instead of trusted from memory, so a
+            // write finished late by a deposed controller is replaced soon.
+            rounds += 1;
+            if rounds.is_multiple_of(10) {
+                last = None;
+            }
+            let round = recompute(
+                &config,
+                &shards,
+                &server,
+                epoch,
+                lead_start,
+                &leadership,
+                last.clone(),
+            );
+            match round.await {
+                Ok(written) => last = Some(written),
+                Err(e) => tracing::error!("writing assignment.json failed: {e:#}; retrying"),
             }
             tokio::select! {
                 _ = tick.tick() => {}
@@ -566,6 +598,8 @@ async fn bind_heartbeat(addr: SocketAddr) -> std::io::Result<tokio::net::TcpList
 }
 
 /// One controller round: plan, apply the handover rules, write the file if anything changed.
+/// `last` is the file this controller wrote last (`None` right after the election: then the
+/// file is read — the one read a new controller needs). Returns the file now in force.
 async fn recompute(
     config: &ClusterConfig,
     shards: &Shards,
@@ -573,16 +607,22 @@ async fn recompute(
     epoch: u64,
     lead_start: Instant,
     leadership: &watch::Receiver<Leadership>,
-) -> anyhow::Result<()> {
+    last: Option<Arc<Assignment>>,
+) -> anyhow::Result<Arc<Assignment>> {
     let path = assignment_path(&config.data_dir);
     let read_path = path.clone();
-    let (previous, bytes_read) = tokio::task::spawn_blocking(move || {
-        let bytes = std::fs::metadata(&read_path).map_or(0, |m| m.len());
-        read_assignment(&read_path).map(|a| (a, bytes))
-    })
-    .await
-    .context("assignment read task")?
-    .context("reading assignment.json")?;
+    let (previous, bytes_read) = match last {
+        Some(a) => (Some((*a).clone()), 0),
+        None => tokio::task::spawn_blocking(move || {
+            let bytes = std::fs::metadata(&read_path).map_or(0, |m| m.len());
+            read_assignment(&read_path).map(|a| (a, bytes))
+        })
+        .await
+        .context("assignment read task")?
+        .context("reading assignment.json")?,
+    };
+    // Age silent brokers out now rather than at the server's next 1 s refresh.
+    server.refresh();
     let leading_for = lead_start.elapsed();
     // Brokers get this long to connect to a new controller before being counted as gone.
     let grace = config.status_interval * 4;
@@ -656,12 +696,14 @@ async fn recompute(
             && p.pending == next.pending
     });
     if unchanged {
-        return Ok(());
+        return Ok(Arc::new(
+            previous.expect("unchanged implies a previous file"),
+        ));
     }
     // The exact gate, right before acting: a controller paused past its deadline must not
     // write (and if the write itself is what got paused, followers fence it by epoch).
     if !leadership.borrow().leads_now() {
-        return Ok(());
+        anyhow::bail!("lost the Lease before writing");
     }
     let moved: usize = next
         .partitions
@@ -676,10 +718,11 @@ async fn recompute(
         .context("assignment write task")?
         .with_context(|| format!("writing {}", path.display()))?;
     server.assignment_changed(version);
+    let written = Arc::new(next);
     tracing::info!(
         epoch,
         version,
-        partitions = next.partitions.len(),
+        partitions = written.partitions.len(),
         newly_led = moved,
         pending = pending_n,
         alive = ?alive.keys().map(|b| b.0).collect::<Vec<_>>(),
@@ -688,7 +731,7 @@ async fn recompute(
         ms_since_elected = leading_for.as_millis() as u64,
         "wrote assignment.json"
     );
-    Ok(())
+    Ok(written)
 }
 
 /// `/healthz` fields of cluster mode.

@@ -266,11 +266,13 @@ impl PartitionLog {
             );
         }
         // Written only when something changed: an fsync per partition would make opening
-        // thousands of partitions take seconds.
-        if !had_manifest
-            || epoch != manifest.leader_epoch
-            || log_start_offset != manifest.log_start_offset
-        {
+        // thousands of partitions take seconds. A raised epoch alone is not written here: a
+        // cluster take-over raises it for every partition it opens, and the epoch matters only
+        // once something is written under it — the first append rolls to a segment named by
+        // it and stores the manifest then (see `maybe_roll`). Until then the stored epoch
+        // (manifest and segment names) stays the previous leader's, which the next take-over
+        // again raises past.
+        if !had_manifest || log_start_offset != manifest.log_start_offset {
             Manifest {
                 leader_epoch: epoch,
                 log_start_offset,
@@ -533,7 +535,7 @@ impl PartitionLog {
     /// leader epoch. The old segment is fsynced first so durability waiters never depend on a
     /// file the flusher no longer watches.
     async fn maybe_roll(&self, incoming: u64) -> Result<(), StorageError> {
-        let (need, old_file, old_path, next, epoch) = {
+        let (need, epoch_changed, old_file, old_path, next, epoch) = {
             let st = self.state.borrow();
             let cfg = self.config.borrow();
             let seg = st.segments.last().expect("active segment");
@@ -547,6 +549,7 @@ impl PartitionLog {
             let epoch_changed = seg.epoch < st.epoch;
             (
                 full || old || epoch_changed,
+                epoch_changed,
                 seg.file.clone(),
                 seg.path.clone(),
                 st.log_end_offset,
@@ -572,6 +575,16 @@ impl PartitionLog {
             ProducerSnapshot {
                 offset: next,
                 table: st.producers.clone(),
+            }
+            .store(&self.dir)?;
+        }
+        if epoch_changed {
+            // The first write under a new leader epoch: record the epoch before the segment
+            // named by it exists, so the manifest never lags a segment name.
+            let log_start_offset = self.state.borrow().log_start_offset;
+            Manifest {
+                leader_epoch: epoch,
+                log_start_offset,
             }
             .store(&self.dir)?;
         }

@@ -417,3 +417,48 @@ fn sparse_index_finds_every_offset() {
         }
     });
 }
+
+// A take-over raises the epoch; it becomes stored (manifest and a segment named by it) with the
+// first write under it, so the next take-over raises past it — and an epoch nothing was
+// written under is not persisted at all (no fsync per opened partition).
+#[test]
+fn raised_epoch_is_stored_with_the_first_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        append(&log, &batch(BatchSpec::default(), &[b"a"])).await;
+        log.close().await.unwrap();
+        drop(log);
+        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 0);
+
+        // Opened at epoch 1, nothing written: the stored epoch stays 0.
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(1))
+            .await
+            .unwrap();
+        assert_eq!(log.leader_epoch(), LeaderEpoch(1));
+        log.close().await.unwrap();
+        drop(log);
+        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 0);
+
+        // Opened at epoch 2 and written: stored, in a new segment, and kept by a plain reopen.
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(2))
+            .await
+            .unwrap();
+        let headers = verify_produced_record_set(&batch(BatchSpec::default(), &[b"b"])).unwrap();
+        let bytes = batch(BatchSpec::default(), &[b"b"]);
+        let out = log.append(&bytes, &headers, LeaderEpoch(2)).await.unwrap();
+        log.wait_durable(out.end_offset()).await.unwrap();
+        assert_eq!(out.end_offset(), 2);
+        drop(log); // a crash: no clean close
+        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 2);
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        assert_eq!(log.leader_epoch(), LeaderEpoch(2));
+        assert_eq!(log.log_end_offset(), 2);
+        assert_eq!(log.end_offset_for_epoch(0), (0, 1));
+    });
+}
