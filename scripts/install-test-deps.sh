@@ -88,4 +88,7 @@ fi
 # -- Apache Kafka jars --------------------------------------------------------------------------
 libs="$(retry "$here/fetch-kafka.sh")"
 log "Kafka jars in $libs ($(cat "$libs/.kafka-version" 2>/dev/null || echo '?'))"
+# A real kube-apiserver (built from the Go module proxy, with Debian's etcd) for the kube
+# Lease backend's test (tests/test_kube_lease.py); ~6.5 min the first time, seconds after.
+"$here/install-kube-apiserver.sh"
 log "done"

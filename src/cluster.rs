@@ -115,8 +115,9 @@ pub struct ClusterHandle {
 }
 
 impl ClusterHandle {
-    /// Waits (at most `timeout`) until the accepted assignment gives this broker no partition
-    /// and it serves none, or no other broker is alive to take them.
+    /// Waits (at most `timeout`) until the accepted assignment gives this broker no partition,
+    /// holds none in handover from it, and it serves none — or no other broker is alive to
+    /// take them.
     pub async fn drained(&mut self, me: i32, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
@@ -128,9 +129,13 @@ impl ClusterHandle {
                         .iter()
                         .any(|b| b.id.0 != me && b.health == Health::Alive)
                 });
-                let assigned = assignment
-                    .as_ref()
-                    .is_some_and(|a| a.led_by(BrokerId(me)).next().is_some());
+                // Also wait until the controller has seen our confirmation and given the
+                // partitions to their new leaders: exiting earlier would leave them pending
+                // until our silence passes the fence bound.
+                let assigned = assignment.as_ref().is_some_and(|a| {
+                    a.led_by(BrokerId(me)).next().is_some()
+                        || a.pending.iter().any(|m| m.from.0 == me)
+                });
                 status.partitions.is_empty() && !assigned || !others_alive
             };
             if done {
@@ -288,6 +293,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         config.clone(),
         shards.clone(),
         leadership.clone(),
+        assignment_rx.clone(),
     ));
 
     Ok(ClusterHandle {
@@ -307,9 +313,22 @@ fn start_election<B: LeaseBackend + 'static>(
 ) -> anyhow::Result<watch::Receiver<Leadership>> {
     let driver = ElectionDriver::new(backend, config.identity(), config.election)
         .context("invalid lease timings")?;
-    let rx = driver.subscribe();
+    // Our own channel, alive for the whole process: a draining broker stops competing but must
+    // keep following the Lease holder, to heartbeat to whoever moves its partitions.
+    let (tx, rx) = watch::channel(Leadership::default());
+    let forward = |mut inner: watch::Receiver<Leadership>, tx: watch::Sender<Leadership>| async move {
+        loop {
+            let view = inner.borrow_and_update().clone();
+            tx.send_if_modified(|current| (*current != view).then(|| *current = view).is_some());
+            if inner.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let (identity, election) = (config.identity(), config.election);
     tokio::spawn(async move {
-        driver
+        let candidate = tokio::spawn(forward(driver.subscribe(), tx.clone()));
+        let backend = driver
             .run(async move {
                 while !*drain.borrow_and_update() {
                     if drain.changed().await.is_err() {
@@ -318,6 +337,15 @@ fn start_election<B: LeaseBackend + 'static>(
                 }
             })
             .await;
+        candidate.abort();
+        // Drained: the Lease was released if held. Observe only from now on — a released
+        // candidate never acquires again.
+        let Ok(mut observer) = ElectionDriver::new(backend, identity, election) else {
+            return;
+        };
+        observer.release().await;
+        tokio::spawn(forward(observer.subscribe(), tx));
+        observer.run(std::future::pending::<()>()).await;
     });
     Ok(rx)
 }
@@ -500,6 +528,7 @@ async fn controller_loop(
     config: Arc<ClusterConfig>,
     shards: Arc<Shards>,
     mut leadership: watch::Receiver<Leadership>,
+    accepted: watch::Receiver<Option<Arc<Assignment>>>,
 ) {
     loop {
         // Wait to become controller.
@@ -555,17 +584,17 @@ async fn controller_loop(
             // Every few seconds the file is read again instead of trusted from memory, so a
             // write finished late by a deposed controller is replaced soon.
             rounds += 1;
-            if rounds.is_multiple_of(10) {
-                last = None;
-            }
             let round = recompute(
                 &config,
                 &shards,
                 &server,
-                epoch,
-                lead_start,
+                (epoch, lead_start),
                 &leadership,
-                last.clone(),
+                Bases {
+                    last: last.clone(),
+                    accepted: accepted.borrow().clone(),
+                    read_disk: last.is_none() || rounds.is_multiple_of(10),
+                },
             );
             match round.await {
                 Ok(written) => last = Some(written),
@@ -597,35 +626,58 @@ async fn bind_heartbeat(addr: SocketAddr) -> std::io::Result<tokio::net::TcpList
     socket.listen(128)
 }
 
+/// What a controller round may start from.
+struct Bases {
+    /// The file this controller wrote last (`None` right after the election).
+    last: Option<Arc<Assignment>>,
+    /// The file this broker's watcher accepted (fenced by epoch).
+    accepted: Option<Arc<Assignment>>,
+    /// Read `assignment.json` too (always right after the election: that is the one read a
+    /// new controller needs; then every few seconds, to replace a deposed controller's late
+    /// write).
+    read_disk: bool,
+}
+
 /// One controller round: plan, apply the handover rules, write the file if anything changed.
-/// `last` is the file this controller wrote last (`None` right after the election: then the
-/// file is read — the one read a new controller needs). Returns the file now in force.
+/// Returns the file now in force.
 async fn recompute(
     config: &ClusterConfig,
     shards: &Shards,
     server: &HeartbeatServer,
-    epoch: u64,
-    lead_start: Instant,
+    (epoch, lead_start): (u64, Instant),
     leadership: &watch::Receiver<Leadership>,
-    last: Option<Arc<Assignment>>,
+    bases: Bases,
 ) -> anyhow::Result<Arc<Assignment>> {
     let path = assignment_path(&config.data_dir);
     let read_path = path.clone();
-    let (previous, bytes_read) = match last {
-        Some(a) => (Some((*a).clone()), 0),
-        None => tokio::task::spawn_blocking(move || {
+    let (disk, bytes_read) = if bases.read_disk {
+        tokio::task::spawn_blocking(move || {
             let bytes = std::fs::metadata(&read_path).map_or(0, |m| m.len());
             read_assignment(&read_path).map(|a| (a, bytes))
         })
         .await
         .context("assignment read task")?
-        .context("reading assignment.json")?,
+        .context("reading assignment.json")?
+    } else {
+        (None, 0)
     };
+    // Start from the newest of the three by (epoch, version): a late write by a deposed
+    // controller carries a lower epoch, so it never becomes the base whatever its version,
+    // and the file we write next replaces it.
+    let previous: Option<Assignment> = [bases.last, bases.accepted, disk.clone().map(Arc::new)]
+        .into_iter()
+        .flatten()
+        .max_by_key(|a| a.order_key())
+        .map(|a| (*a).clone());
+    let disk_is_base = !bases.read_disk || disk == previous;
     // Age silent brokers out now rather than at the server's next 1 s refresh.
     server.refresh();
     let leading_for = lead_start.elapsed();
-    // Brokers get this long to connect to a new controller before being counted as gone.
-    let grace = config.status_interval * 4;
+    // Brokers get this long to connect to a new controller before being counted as gone (they
+    // see the new holder within a Lease retry period and dial at once). One that misses it
+    // loses its partitions through the normal, safe handover.
+    let grace =
+        (config.status_interval * 2).max(Duration::from_millis(config.election.retry_period_ms));
     let in_grace = leading_for < grace;
     let registry = server.registry();
     let mut alive: AliveBrokers = server.alive().borrow().clone();
@@ -689,12 +741,13 @@ async fn recompute(
     }
     let mut next = Assignment::new(epoch, version, rows, partitions, []);
     next.pending = pending;
-    let unchanged = previous.as_ref().is_some_and(|p| {
-        p.controller_epoch == epoch
-            && p.brokers == next.brokers
-            && p.partitions == next.partitions
-            && p.pending == next.pending
-    });
+    let unchanged = disk_is_base
+        && previous.as_ref().is_some_and(|p| {
+            p.controller_epoch == epoch
+                && p.brokers == next.brokers
+                && p.partitions == next.partitions
+                && p.pending == next.pending
+        });
     if unchanged {
         return Ok(Arc::new(
             previous.expect("unchanged implies a previous file"),

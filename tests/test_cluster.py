@@ -694,7 +694,9 @@ def test_sigterm_drains_partitions_before_exit(make_cluster):
             h = victim.healthz()
             if h is not None:
                 last_health = h
-                assert h["draining"], f"broker {victim.id} does not report draining after SIGTERM: {h}"
+                # The signal is handled asynchronously: allow a moment before it must show.
+                assert h["draining"] or time.monotonic() - t0 < 2.0, (
+                    f"broker {victim.id} does not report draining 2 s after SIGTERM: {h}")
                 if h["partitions_led"] == 0 and relinquished_s is None:
                     relinquished_s = time.monotonic() - t0
             time.sleep(0.05)

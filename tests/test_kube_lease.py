@@ -34,7 +34,7 @@ RUN = REPO / "scripts" / "run-kube-apiserver.sh"
 RUST_TESTS = [
     "acquire_on_an_empty_namespace",
     "stale_resource_version_is_a_conflict",
-    "replace_of_a_deleted_lease_recreates_it",
+    "fenced_write_never_recreates_a_deleted_lease",
     "identical_replace_is_a_no_op_that_keeps_the_resource_version",
     "concurrent_writers_have_one_winner",
     "takeover_raises_transitions_by_one_and_release_keeps_them",

@@ -1,6 +1,7 @@
 //! The `kube` Lease backend through the real kube client, against an in-repo stand-in for
-//! kube-apiserver (`support/fake_apiserver.rs`): no kube-apiserver can run on this machine, so
-//! the stand-in implements the Lease endpoints with the real API's resourceVersion conflicts.
+//! kube-apiserver (`support/fake_apiserver.rs`) that implements the Lease endpoints with the
+//! real API's resourceVersion conflicts, so these run in every `cargo test`. The same scenarios
+//! run against a real kube-apiserver in `lease_kube_real.rs` (`tests/test_kube_lease.py`).
 
 #[path = "support/fake_apiserver.rs"]
 mod fake_apiserver;

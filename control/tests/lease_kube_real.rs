@@ -28,9 +28,9 @@
 //!   write (every acquire, renewal and release changes `renewTime` or `holderIdentity`), so its
 //!   fencing is unaffected; the race below therefore has every writer write something new, as
 //!   the election's writes do.
-//! - [`replace_of_a_deleted_lease_recreates_it`]: Leases allow create-on-update, so a `PUT`
-//!   carrying the resourceVersion of a Lease deleted meanwhile (e.g. `kubectl delete lease`)
-//!   succeeds and recreates it, where the fake answers 404.
+//! - [`fenced_write_never_recreates_a_deleted_lease`]: Leases allow create-on-update, so a
+//!   `PUT` carrying the resourceVersion of a Lease deleted meanwhile (e.g. `kubectl delete
+//!   lease`) would recreate it; the backend's merge patch does not.
 
 // Only the harness's recording and checking helpers are used here (its drivers run at timings
 // too short for a real apiserver on a busy machine).
@@ -256,16 +256,14 @@ async fn stale_resource_version_is_a_conflict() {
     ns.delete().await;
 }
 
-// Proves (a real-server behaviour the fake does not model; it answers 404 here): Leases allow
-// create-on-update, so a replace carrying a resourceVersion of a Lease that was deleted
-// meanwhile is NOT refused — the apiserver creates the Lease anew from the request, with a new
-// resourceVersion. The resourceVersion guards only a Lease that exists. This pins what
-// `KubeLease::replace` (a PUT) does today; a backend that sends its fenced write as a merge
-// patch carrying `metadata.resourceVersion` instead would get 404 here (patches never create)
-// and this test should then expect `Err(WriteError::Unavailable)`.
+// Leases allow create-on-update: a plain `PUT` carrying the resourceVersion of a Lease that
+// was deleted meanwhile would recreate it (measured on this server), so a takeover based on a
+// stale read could succeed. `KubeLease::replace` therefore sends a merge patch carrying
+// `metadata.resourceVersion`: a patch never creates, so the write fails (404 → not written) and
+// the candidate re-reads a free Lease and creates it with POST, which is fenced by name.
 #[tokio::test]
-async fn replace_of_a_deleted_lease_recreates_it() {
-    let Some(client) = real_client("replace_of_a_deleted_lease_recreates_it").await else {
+async fn fenced_write_never_recreates_a_deleted_lease() {
+    let Some(client) = real_client("fenced_write_never_recreates_a_deleted_lease").await else {
         return;
     };
     let ns = TestNamespace::create(&client, "deleted").await;
@@ -283,24 +281,34 @@ async fn replace_of_a_deleted_lease_recreates_it() {
         LeaseRecord::default(),
         "reads as free"
     );
-
     let renewal = LeaseRecord {
         renew_time: Some("13".into()),
         ..stored.clone()
     };
-    let recreated = lease
-        .replace(&renewal, &stored.resource_version)
-        .await
-        .expect("the real apiserver creates a deleted Lease on update");
-    assert_eq!(recreated.holder.as_deref(), Some("kaas-0"));
-    assert_eq!(recreated.lease_transitions, 7);
-    assert_ne!(recreated.resource_version, stored.resource_version);
-    assert_eq!(lease.get().await.unwrap(), recreated);
-    // Once it exists again, the old version is fenced as usual.
     assert_eq!(
         lease.replace(&renewal, &stored.resource_version).await,
-        Err(WriteError::Conflict)
+        Err(WriteError::Unavailable),
+        "a fenced write must not recreate a deleted Lease"
     );
+    assert_eq!(lease.get().await.unwrap(), LeaseRecord::default());
+    // A release (holder cleared) through the same patch really clears the field.
+    let created = lease
+        .compare_and_swap(&record("kaas-1", 8, ""))
+        .await
+        .unwrap();
+    let released = lease
+        .replace(
+            &LeaseRecord {
+                holder: None,
+                ..created.clone()
+            },
+            &created.resource_version,
+        )
+        .await
+        .unwrap();
+    assert_eq!(released.holder, None);
+    assert_eq!(released.lease_transitions, 8);
+    assert_eq!(lease.get().await.unwrap().holder, None);
     ns.delete().await;
 }
 

@@ -228,7 +228,10 @@ pub const BROKER_DEFAULTS: &[(&str, &str)] = &[
     ("compression.type", "compression.type"),
     ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
-    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
+    (
+        "log.cleaner.min.cleanable.ratio",
+        "min.cleanable.dirty.ratio",
+    ),
     ("log.index.interval.bytes", "index.interval.bytes"),
 ];
 

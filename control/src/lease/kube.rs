@@ -15,13 +15,20 @@
 //! `leaseTransitions`. A create of an existing Lease is also 409 (AlreadyExists). This gives
 //! the same fencing that apply was meant to give, and is what our field notes recommend.
 //!
+//! The fenced write is sent as a JSON merge patch carrying `metadata.resourceVersion`, not as
+//! a `PUT`: Leases allow create-on-update, so a `PUT` based on the version of a Lease deleted
+//! meanwhile (`kubectl delete lease`) would *recreate* it instead of conflicting — measured
+//! against a real kube-apiserver (`control/tests/lease_kube_real.rs`). A patch never creates:
+//! a deleted Lease answers 404 (not written), a changed one 409. Absent fields are written as
+//! explicit `null`s, so a release really clears `holderIdentity`.
+//!
 //! The times written are wall-clock `MicroTime`s for humans and `kubectl`; candidates never
 //! compare them with a clock, only notice that the record changed (see [`crate::election`]).
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tracing::warn;
 
@@ -143,16 +150,33 @@ impl LeaseBackend for KubeLease {
             .map_err(|e| write_error(&self.name, e))
     }
 
-    /// The fenced write: the apiserver applies it only if the Lease's `resourceVersion` is
-    /// still `expected_resource_version` (see the module docs).
+    /// The fenced write: the apiserver applies the merge patch only if the Lease's
+    /// `resourceVersion` is still `expected_resource_version`, and never creates a deleted
+    /// Lease (see the module docs).
     async fn replace(
         &self,
         record: &LeaseRecord,
         expected_resource_version: &str,
     ) -> Result<LeaseRecord, WriteError> {
-        let lease = self.to_lease(record, Some(expected_resource_version));
+        let stamp = |t: &Option<String>| {
+            t.as_deref()
+                .map(|t| serde_json::to_value(micro_time(t)).expect("MicroTime serializes"))
+                .unwrap_or(serde_json::Value::Null)
+        };
+        let lease = self.to_lease(record, None);
+        let spec = lease.spec.unwrap_or_default();
+        let body = serde_json::json!({
+            "metadata": { "resourceVersion": expected_resource_version },
+            "spec": {
+                "holderIdentity": record.holder,
+                "acquireTime": stamp(&record.acquire_time),
+                "renewTime": stamp(&record.renew_time),
+                "leaseDurationSeconds": spec.lease_duration_seconds,
+                "leaseTransitions": spec.lease_transitions,
+            },
+        });
         self.api
-            .replace(&self.name, &PostParams::default(), &lease)
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&body))
             .await
             .map(to_record)
             .map_err(|e| write_error(&self.name, e))

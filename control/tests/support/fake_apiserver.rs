@@ -1,7 +1,8 @@
-//! An in-repo stand-in for kube-apiserver's Lease endpoints, because no kube-apiserver can run
-//! on this machine: `GET`, `POST` and `PUT` of
+//! An in-repo stand-in for kube-apiserver's Lease endpoints, so the backend's tests run in
+//! every `cargo test` without a cluster (`lease_kube_real.rs` runs the same scenarios against a
+//! real kube-apiserver when one is available): `GET`, `POST`, `PUT` and merge-`PATCH` of
 //! `/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]` over HTTP/1.1 on 127.0.0.1,
-//! with the real API's optimistic concurrency — a `PUT` whose `metadata.resourceVersion`
+//! with the real API's optimistic concurrency — a `PUT` or `PATCH` whose `metadata.resourceVersion`
 //! differs from the stored one, or a `POST` of an existing name, is a 409 `Status` object, and
 //! every successful write gets a fresh `resourceVersion` — and JSON shaped like the real API's.
 
@@ -26,7 +27,7 @@ pub struct Store {
     /// Successful writes, and writes refused with 409.
     pub writes: u64,
     pub conflicts: u64,
-    /// `PUT`s without a resourceVersion: the real apiserver accepts them unconditionally for
+    /// `PUT`s (or `PATCH`es) without a resourceVersion: the real apiserver accepts them unconditionally for
     /// Leases, so a backend that sent one would have no fencing. Tests assert it stays 0.
     pub unconditional_puts: u64,
 }
@@ -215,7 +216,64 @@ fn handle(store: &Mutex<Store>, method: &str, path: &str, body: &[u8]) -> (u16, 
             store.leases.insert(key, lease.clone());
             (200, lease)
         }
+        ("PATCH", [ns, "leases", name]) => {
+            // A JSON merge patch (RFC 7386), with the real API's rules: the patch's
+            // resourceVersion, if any, must match, and a missing Lease is 404 (never created).
+            let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+                return status(400, "BadRequest", "body is not JSON".into());
+            };
+            let key = ((*ns).to_owned(), (*name).to_owned());
+            let Some(current) = store.leases.get(&key).cloned() else {
+                return status(
+                    404,
+                    "NotFound",
+                    format!("leases.coordination.k8s.io \"{name}\" not found"),
+                );
+            };
+            match patch["metadata"]["resourceVersion"].as_str() {
+                None | Some("") => store.unconditional_puts += 1,
+                Some(v) if Some(v) != current["metadata"]["resourceVersion"].as_str() => {
+                    store.conflicts += 1;
+                    return status(
+                        409,
+                        "Conflict",
+                        format!(
+                            "Operation cannot be fulfilled on leases.coordination.k8s.io \
+                             \"{name}\": the object has been modified; please apply your \
+                             changes to the latest version and try again"
+                        ),
+                    );
+                }
+                Some(_) => {}
+            }
+            let mut lease = current;
+            merge_patch(&mut lease, &patch);
+            store.revision += 1;
+            store.writes += 1;
+            stamp(&mut lease, ns, store.revision);
+            store.leases.insert(key, lease.clone());
+            (200, lease)
+        }
         _ => status(405, "MethodNotAllowed", format!("{method} {path}")),
+    }
+}
+
+/// RFC 7386: objects merge key by key, `null` removes a key, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let object = target.as_object_mut().expect("made an object above");
+    for (key, value) in fields {
+        if value.is_null() {
+            object.remove(key);
+        } else {
+            merge_patch(object.entry(key.clone()).or_insert(Value::Null), value);
+        }
     }
 }
 
