@@ -341,11 +341,13 @@ def help_flags(binary: Path) -> tuple[set[str], set[str]]:
     return flags, envs
 
 
-def test_default_rendering_uses_only_flags_the_binary_knows():
-    """Every KAAS_* variable and argument of the default rendering is documented by `kaas --help`."""
-    c = broker_container(render("default"))
+@pytest.mark.parametrize("scenario", ["default", "cluster"])
+def test_rendering_uses_only_flags_the_binary_knows(scenario):
+    """Every KAAS_* variable and argument of the rendering (single-node and cluster mode) is
+    documented by `kaas --help`, so the pods start with the binary this repository builds."""
+    c = broker_container(render(scenario))
     kaas_env = [k for k in env_of(c) if k.startswith("KAAS_")]
-    assert "KAAS_ADVERTISED_LISTENER" in kaas_env and "KAAS_IO_MEMORY_BYTES" in kaas_env
+    assert "KAAS_IO_MEMORY_BYTES" in kaas_env and "KAAS_DRAIN_TIMEOUT_MS" in kaas_env
     binary = kaas_binary()
     if binary is None:
         pytest.skip("no kaas binary (KAAS_BIN or a release build) to read --help from")
@@ -355,6 +357,9 @@ def test_default_rendering_uses_only_flags_the_binary_knows():
     assert set(args) <= flags, set(args) - flags
     for flag in ("--io-memory-bytes", "--advertised-listener", "--shards"):
         assert flag in flags
+    if scenario == "cluster":
+        for flag in ("--lease", "--broker-id", "--heartbeat-listen", "--heartbeat-advertised", "--rack"):
+            assert flag in args, (flag, args)
 
 
 def test_cluster_mode_adds_the_cluster_flags():
@@ -367,7 +372,10 @@ def test_cluster_mode_adds_the_cluster_flags():
     assert "--lease=kube" in args
     assert "--broker-id=$(POD_INDEX)" in args
     assert "--heartbeat-listen=0.0.0.0:9094" in args
+    # Brokers dial the controller at its in-cluster name even when clients get external ones.
+    assert "--heartbeat-advertised=$(POD_NAME).kaas-headless.$(POD_NAMESPACE).svc:9094" in args, args
     assert "--rack=$(NODE_ZONE)" in args
+    assert env_of(c)["KAAS_DRAIN_TIMEOUT_MS"] == "300000"
     env = env_of(c)
     assert env["POD_INDEX"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     assert env["NODE_ZONE"]["fieldRef"]["fieldPath"] == "metadata.labels['topology.kubernetes.io/zone']"

@@ -92,7 +92,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Checks of value combinations the broker cannot run with. */}}
 {{- define "kaas.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.cluster.enabled) -}}
-{{- fail "replicaCount > 1 needs cluster.enabled=true (several brokers sharing one volume need cluster mode, issue 6); a single-node broker locks its data directory" -}}
+{{- fail "replicaCount > 1 needs cluster.enabled=true (several brokers sharing one volume need cluster mode); a single-node broker locks its data directory" -}}
 {{- end -}}
 {{- if and .Values.cluster.enabled .Values.persistence.enabled (not .Values.persistence.existingClaim) (not (has "ReadWriteMany" .Values.persistence.accessModes)) -}}
 {{- fail "cluster mode shares one volume between brokers: persistence.accessModes must include ReadWriteMany" -}}
