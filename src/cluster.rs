@@ -192,17 +192,40 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         });
     }
 
-    // The controller's address (and id) follow the Lease holder.
+    // The controller's address (and id) follow the Lease holder. A Lease read showing the
+    // controller that last acknowledged us still holding the Lease keeps our write fence open
+    // (see kaas_control::handover), so the cluster stays writable while a dead controller's
+    // Lease runs out.
     let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
     let (controller_id_tx, controller_id_rx) = watch::channel::<Option<i32>>(None);
+    let acked_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let previous_holder = Arc::new(std::sync::Mutex::new(None::<i32>));
     {
         let mut leadership = leadership.clone();
         let lease_epoch = lease_epoch.clone();
+        let acked_epoch = acked_epoch.clone();
+        let previous_holder = previous_holder.clone();
+        let (view, fence, me) = (
+            shards.view.clone(),
+            config.timing.broker_fence,
+            config.broker_id,
+        );
         tokio::spawn(async move {
             loop {
                 let l = leadership.borrow_and_update().clone();
                 lease_epoch.observe(l.epoch);
                 let holder = l.holder.as_deref().and_then(parse_identity);
+                if let Some((id, _)) = &holder {
+                    if *id != me {
+                        *previous_holder.lock().expect("previous holder lock") = Some(*id);
+                        let acked = acked_epoch.load(std::sync::atomic::Ordering::Acquire);
+                        if acked != 0 && acked == l.epoch {
+                            if let Some(read_started) = l.observed_at {
+                                view.extend_fence((read_started + fence).into_std());
+                            }
+                        }
+                    }
+                }
                 controller_tx.send_if_modified(|c| {
                     let new = holder.as_ref().map(|(_, a)| a.clone());
                     (*c != new).then(|| *c = new).is_some()
@@ -246,6 +269,8 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                         lease_epoch.observe(controller_epoch);
                         if let Some(sent) = acked_sent_at {
                             shards.view.extend_fence((sent + fence).into_std());
+                            acked_epoch
+                                .store(controller_epoch, std::sync::atomic::Ordering::Release);
                         }
                     }
                     ControllerEvent::AssignmentChanged {
@@ -294,6 +319,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         shards.clone(),
         leadership.clone(),
         assignment_rx.clone(),
+        previous_holder,
     ));
 
     Ok(ClusterHandle {
@@ -529,6 +555,7 @@ async fn controller_loop(
     shards: Arc<Shards>,
     mut leadership: watch::Receiver<Leadership>,
     accepted: watch::Receiver<Option<Arc<Assignment>>>,
+    previous_holder: Arc<std::sync::Mutex<Option<i32>>>,
 ) {
     loop {
         // Wait to become controller.
@@ -570,6 +597,12 @@ async fn controller_loop(
             let _ = stop_rx.await;
         }));
         let lead_start = Instant::now();
+        // The holder before us (or an earlier one, never a later one): its own fence closed an
+        // election gap before our start (see kaas_control::handover).
+        let prev_holder = previous_holder
+            .lock()
+            .expect("previous holder lock")
+            .map(BrokerId);
         let mut alive = server.alive();
         // Rounds are cheap (the last file written is kept in memory; the file is read once per
         // election), so they run often: a handover completes one round after it may.
@@ -588,7 +621,7 @@ async fn controller_loop(
                 &config,
                 &shards,
                 &server,
-                (epoch, lead_start),
+                (epoch, lead_start, prev_holder),
                 &leadership,
                 Bases {
                     last: last.clone(),
@@ -644,7 +677,7 @@ async fn recompute(
     config: &ClusterConfig,
     shards: &Shards,
     server: &HeartbeatServer,
-    (epoch, lead_start): (u64, Instant),
+    (epoch, lead_start, prev_holder): (u64, Instant, Option<BrokerId>),
     leadership: &watch::Receiver<Leadership>,
     bases: Bases,
 ) -> anyhow::Result<Arc<Assignment>> {
@@ -683,8 +716,10 @@ async fn recompute(
     let mut alive: AliveBrokers = server.alive().borrow().clone();
     if in_grace {
         if let Some(prev) = &previous {
+            // Not the previous controller: its Lease ran out, so it is most likely gone (if
+            // not, it reconnects and its partitions come back through the normal handover).
             for b in prev.brokers.iter().filter(|b| b.health == Health::Alive) {
-                if registry.get(b.id).is_none() {
+                if registry.get(b.id).is_none() && Some(b.id) != prev_holder {
                     alive.entry(b.id).or_insert_with(|| b.rack.clone());
                 }
             }
@@ -714,7 +749,7 @@ async fn recompute(
             silent_for: handover::silent_for(
                 record.map(|r| now.saturating_duration_since(r.last_seen)),
                 leading_for,
-                gap,
+                (Some(b) == prev_holder).then_some(gap),
             ),
         }
     };

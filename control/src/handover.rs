@@ -16,26 +16,34 @@
 //!    its heartbeat. So `applied ≥ since` proves every write A acknowledged for the partition is
 //!    on disk and A will acknowledge no more.
 //! 2. **A is fenced by time.** A broker acknowledges writes only while its *write fence* is
-//!    open: for `F` = [`Timing::broker_fence`] after it *sent* a status that the controller
-//!    acknowledged (a PING carrying that status's sequence). The controller acknowledges only
-//!    while its Lease is valid at the moment of sending (`Leadership::leads_now`). Let `t` be the
-//!    arrival, at this controller, of the last status it received from A. Any acknowledged
-//!    status of A was sent no later than it arrived somewhere that acknowledged it:
-//!    - at this controller: at or before `t`, so A's fence closes by `t + F`;
-//!    - at a previous controller: before that controller's renew deadline passed, which the
-//!      election places at least `lease_duration − renew_deadline` (`G`) before this controller
-//!      took the Lease at `s`; so A's fence closes by `s − G + F`.
+//!    open. Two things open it, each for `F` = [`Timing::broker_fence`]:
+//!    - **an acknowledgement**: A *sent* a status that a controller acknowledged (a PING
+//!      carrying that status's sequence). A controller acknowledges only while its Lease is
+//!      valid at the moment of sending (`Leadership::leads_now`);
+//!    - **a Lease read**: a read of the Lease that *started* at `r` and shows the holder (and
+//!      epoch) of the controller that last acknowledged A, A not being that holder itself. This
+//!      keeps the cluster writable while a dead controller's Lease runs out, instead of every
+//!      broker stalling until a successor is elected.
 //!
-//!    Hence A has stopped by `max(t, s − G) + F` on any clock ticking at the same rate. The
-//!    controller waits [`Timing::release_after`] = `F + margin` past `max(t, s − G)`
-//!    ([`silent_since`]); the margin absorbs clock-rate drift, scheduling delay and a write
+//!    Let this controller have taken the Lease at `s` (its takeover write landed by then), and
+//!    let `t` be the arrival here of the last status received from A. Any acknowledged status of
+//!    A was sent before it arrived where it was acknowledged: here, at or before `t`; at a
+//!    previous controller, before that controller's renew deadline, which precedes `s`. Any read
+//!    showing a previous holder started before `s`. So A has stopped by `max(t, s) + F`. For the
+//!    **previous holder** P itself, only acknowledgements count (a broker never extends its
+//!    fence by reading itself as holder), and P acknowledged itself only before its own renew
+//!    deadline, which the election places at least `G` = `lease_duration − renew_deadline`
+//!    before `s`: P has stopped by `max(t, s − G) + F`.
+//!
+//!    The controller waits [`Timing::release_after`] = `F + margin` past those instants
+//!    ([`silent_for`]); the margin absorbs clock-rate drift, scheduling delay and a write
 //!    already submitted when the fence closed (appends check the fence before writing and again
 //!    before acknowledging; a write in flight completes or fails within the margin, or the
 //!    storage watchdog fails it).
 //!
-//! A broker that cannot reach any controller therefore stops acknowledging within `F`, before
-//! any controller may hand its partitions away. That costs availability — writes stall while no
-//! controller is reachable — and never an acknowledged write.
+//! A broker that can reach neither a controller nor the Lease therefore stops acknowledging
+//! within `F`, before any controller may hand its partitions away. That costs availability for
+//! that broker's partitions, never an acknowledged write.
 //!
 //! Moving *to* a broker is always safe once the old leader stopped: the new leader opens the log,
 //! recovers it (every acknowledged write is fsynced, so it is there), raises the leader epoch and
@@ -70,15 +78,15 @@ impl Default for Timing {
 }
 
 /// How long ago, by the controller's clock, broker A may last have renewed its write fence:
-/// `now − max(last status received, lease start − gap)`, where `gap` is the election's
-/// `lease_duration − renew_deadline`. A broker never heard from counts from `lease start − gap`
-/// (see the module docs).
+/// `now − max(last status received, lease start)`; for the previous Lease holder (pass
+/// `Some(gap)`, the election's `lease_duration − renew_deadline`)
+/// `now − max(last status received, lease start − gap)`. See the module docs.
 pub fn silent_for(
     last_status_age: Option<Duration>,
     leading_for: Duration,
-    election_gap: Duration,
+    previous_holder_gap: Option<Duration>,
 ) -> Duration {
-    let since_lease = leading_for + election_gap;
+    let since_lease = leading_for + previous_holder_gap.unwrap_or_default();
     match last_status_age {
         Some(age) => age.min(since_lease),
         None => since_lease,
@@ -280,20 +288,15 @@ mod tests {
         assert_eq!(parts, want);
     }
 
-    // Silence counts from the lease start minus the election gap for brokers never heard.
+    // Silence of a broker never heard counts from the lease start, and for the previous holder
+    // from the lease start minus the election gap; a status heard restarts it.
     #[test]
-    fn silence_of_unheard_brokers_starts_before_the_lease() {
-        let gap = Duration::from_secs(5);
+    fn silence_of_unheard_brokers_counts_from_the_lease() {
+        let (gap, one) = (Duration::from_secs(5), Duration::from_secs(1));
+        assert_eq!(silent_for(None, one, None), one);
+        assert_eq!(silent_for(None, one, Some(gap)), Duration::from_secs(6));
         assert_eq!(
-            silent_for(None, Duration::from_secs(1), gap),
-            Duration::from_secs(6)
-        );
-        assert_eq!(
-            silent_for(
-                Some(Duration::from_millis(300)),
-                Duration::from_secs(1),
-                gap
-            ),
+            silent_for(Some(Duration::from_millis(300)), one, Some(gap)),
             Duration::from_millis(300)
         );
     }
