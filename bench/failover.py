@@ -142,11 +142,24 @@ def scenario(kind: str, args) -> dict:
         led = victim.health()["partitions_led"]
         t0 = time.monotonic()
         victim.kill()
-        wait("failover", lambda: all_served(survivors, total), 120, step=0.02)
+        # Meanwhile: are the survivors still allowed to acknowledge writes (write fence open)?
+        samples, closed = 0, 0
+
+        def served_and_sample():
+            nonlocal samples, closed
+            for b in survivors:
+                h = b.health()
+                if h is not None:
+                    samples += 1
+                    closed += 0 if h["write_fence_open"] else 1
+            return all_served(survivors, total)
+
+        wait("failover", served_and_sample, 120, step=0.02)
         elapsed = time.monotonic() - t0
         out = {"scenario": kind, "brokers": args.brokers, "partitions": total,
                "victim_led": led, "seconds_to_all_served": round(elapsed, 3),
-               "lease_duration_ms": args.lease_duration_ms}
+               "lease_duration_ms": args.lease_duration_ms,
+               "survivor_fence_closed_fraction": round(closed / max(samples, 1), 3)}
         if kind == "controller":
             new = wait("new controller", lambda: next(
                 (b for b in survivors if (h := b.health()) and h["is_controller"]), None), 30)
