@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from conftest import free_port, kaas_bin
 
@@ -890,6 +890,19 @@ def test_topic_created_on_any_broker_is_served(make_cluster):
     for n in c.nodes:
         _, topics = metadata_leaders(n.bootstrap)
         assert "via-zero" in topics and len(topics["via-zero"]) == 5
+
+    # Partition growth through a third broker: the new partitions are led and take writes, and
+    # the old ones keep their records.
+    admin = AdminClient({"bootstrap.servers": c.nodes[2].bootstrap})
+    admin.create_partitions([NewPartitions("via-zero", 8)])["via-zero"].result(30)
+    a, led = c.wait_settled(8, balanced=True)
+    assert sorted(file_leaders(a, "via-zero")) == list(range(8))
+    p = Producer({"bootstrap.servers": c.nodes[1].bootstrap, "acks": "all", "enable.idempotence": True})
+    for q in range(5, 8):
+        p.produce("via-zero", value=f"grown-{q}".encode(), partition=q)
+    assert p.flush(60) == 0
+    stored = read_all(c.nodes[0].bootstrap, "via-zero", 8)
+    assert [len(stored[q][1]) for q in range(8)] == [10] * 5 + [1] * 3, {q: len(r) for q, (_, r) in stored.items()}
 
 
 @logs_on_failure
