@@ -24,16 +24,9 @@ helm_dir="$cache/helm-$HELM_VERSION"
 helm_bin="$helm_dir/helm"
 mkdir -p "$cache"
 
-log() { echo "install-deploy-deps: $*" >&2; }
-retry() {  # retry CMD...: three attempts with a pause, for registry hiccups
-    local n
-    for n in 1 2 3; do
-        if "$@"; then return 0; fi
-        log "attempt $n failed: $*"
-        sleep $((n * 5))
-    done
-    return 1
-}
+log_name=install-deploy-deps
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # -- helm ---------------------------------------------------------------------------------------
 if [[ -x "$helm_bin" ]] && "$helm_bin" version --short 2>/dev/null | grep -q "^$HELM_VERSION"; then

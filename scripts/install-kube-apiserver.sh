@@ -28,17 +28,9 @@ version="${KAAS_KUBE_VERSION:-1.36.3}"
 version="${version#v}"
 build_dir="$HOME/.cache/kaas/kube-apiserver-build"
 
-log() { echo "install-kube-apiserver: $*" >&2; }
-
-retry() {  # retry CMD...: three attempts with a pause, for registry hiccups
-    local n
-    for n in 1 2 3; do
-        if "$@"; then return 0; fi
-        log "attempt $n failed: $*"
-        sleep $((n * 5))
-    done
-    return 1
-}
+log_name=install-kube-apiserver
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mkdir -p "$kube_dir"
 

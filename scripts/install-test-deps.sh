@@ -14,17 +14,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 export DEBIAN_FRONTEND=noninteractive
 
-log() { echo "install-test-deps: $*" >&2; }
-
-retry() {  # retry CMD...: three attempts with a pause, for registry hiccups
-    local n
-    for n in 1 2 3; do
-        if "$@"; then return 0; fi
-        log "attempt $n failed: $*"
-        sleep $((n * 5))
-    done
-    return 1
-}
+log_name=install-test-deps
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # -- Debian packages --------------------------------------------------------------------------
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -502,47 +502,36 @@ async fn send_to_shards(
         if list.is_empty() {
             continue;
         }
-        if relinquish {
-            let (done, wait) = futures::channel::oneshot::channel();
-            if shards.control[shard]
-                .unbounded_send(ControlMsg::Relinquish {
-                    partitions: list,
-                    done,
-                })
-                .is_ok()
-            {
-                waits.push(futures::future::Either::Left(async move {
-                    let _ = wait.await;
-                    Vec::new()
-                }));
+        let copy = list.clone();
+        let (done, wait) = futures::channel::oneshot::channel();
+        let msg = if relinquish {
+            ControlMsg::Relinquish {
+                partitions: list,
+                done,
             }
         } else {
-            let (done, wait) = futures::channel::oneshot::channel();
-            let copy = list.clone();
-            if shards.control[shard]
-                .unbounded_send(ControlMsg::TakeOver {
-                    partitions: list,
-                    done,
-                })
-                .is_ok()
-            {
-                waits.push(futures::future::Either::Right(async move {
-                    match wait.await {
-                        Ok(failures) => failures,
-                        Err(_) => copy
-                            .into_iter()
-                            .map(|tp| (tp, "shard stopped".to_string()))
-                            .collect(),
-                    }
-                }));
-            } else {
-                failed.extend(copy.into_iter().map(|(t, p)| TopicPartition::new(t, p)));
+            ControlMsg::TakeOver {
+                partitions: list,
+                done,
             }
-        }
+        };
+        let gone = |list: Vec<(String, i32)>| -> Vec<((String, i32), String)> {
+            list.into_iter()
+                .map(|tp| (tp, "shard stopped".to_string()))
+                .collect()
+        };
+        // A send to a stopped shard drops `done`, so the wait below reports it as failed.
+        let _ = shards.control[shard].unbounded_send(msg);
+        waits.push(async move { wait.await.unwrap_or_else(|_| gone(copy)) });
     }
+    let what = if relinquish {
+        "relinquish"
+    } else {
+        "take-over"
+    };
     for failures in futures::future::join_all(waits).await {
         for ((topic, partition), why) in failures {
-            tracing::warn!(%topic, partition, reason = %why, "take-over failed; retrying in 1 s");
+            tracing::warn!(%topic, partition, reason = %why, "{what} failed");
             failed.push(TopicPartition::new(topic, partition));
         }
     }

@@ -71,7 +71,7 @@ pub enum ControlMsg {
     /// when every one is closed.
     Relinquish {
         partitions: Vec<(String, i32)>,
-        done: futures::channel::oneshot::Sender<()>,
+        done: futures::channel::oneshot::Sender<Vec<((String, i32), String)>>,
     },
     /// Open, recover, raise the leader epoch, then serve these partitions; answer with the ones
     /// that failed and why.

@@ -181,45 +181,10 @@ fn handle(store: &Mutex<Store>, method: &str, path: &str, body: &[u8]) -> (u16, 
             store.leases.insert(key, lease.clone());
             (201, lease)
         }
-        ("PUT", [ns, "leases", name]) => {
-            let Ok(mut lease) = serde_json::from_slice::<Value>(body) else {
-                return status(400, "BadRequest", "body is not JSON".into());
-            };
-            let key = ((*ns).to_owned(), (*name).to_owned());
-            let Some(current) = store.leases.get(&key) else {
-                return status(
-                    404,
-                    "NotFound",
-                    format!("leases.coordination.k8s.io \"{name}\" not found"),
-                );
-            };
-            let current_version = current["metadata"]["resourceVersion"].clone();
-            match lease["metadata"]["resourceVersion"].as_str() {
-                None | Some("") => store.unconditional_puts += 1,
-                Some(v) if Some(v) != current_version.as_str() => {
-                    store.conflicts += 1;
-                    return status(
-                        409,
-                        "Conflict",
-                        format!(
-                            "Operation cannot be fulfilled on leases.coordination.k8s.io \
-                             \"{name}\": the object has been modified; please apply your \
-                             changes to the latest version and try again"
-                        ),
-                    );
-                }
-                Some(_) => {}
-            }
-            store.revision += 1;
-            store.writes += 1;
-            stamp(&mut lease, ns, store.revision);
-            store.leases.insert(key, lease.clone());
-            (200, lease)
-        }
-        ("PATCH", [ns, "leases", name]) => {
-            // A JSON merge patch (RFC 7386), with the real API's rules: the patch's
-            // resourceVersion, if any, must match, and a missing Lease is 404 (never created).
-            let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+        // PUT replaces, PATCH merges (RFC 7386). Both with the real API's rules: the body's
+        // resourceVersion, if any, must match the stored one, and a missing Lease is 404.
+        (verb @ ("PUT" | "PATCH"), [ns, "leases", name]) => {
+            let Ok(body) = serde_json::from_slice::<Value>(body) else {
                 return status(400, "BadRequest", "body is not JSON".into());
             };
             let key = ((*ns).to_owned(), (*name).to_owned());
@@ -230,7 +195,7 @@ fn handle(store: &Mutex<Store>, method: &str, path: &str, body: &[u8]) -> (u16, 
                     format!("leases.coordination.k8s.io \"{name}\" not found"),
                 );
             };
-            match patch["metadata"]["resourceVersion"].as_str() {
+            match body["metadata"]["resourceVersion"].as_str() {
                 None | Some("") => store.unconditional_puts += 1,
                 Some(v) if Some(v) != current["metadata"]["resourceVersion"].as_str() => {
                     store.conflicts += 1;
@@ -246,8 +211,12 @@ fn handle(store: &Mutex<Store>, method: &str, path: &str, body: &[u8]) -> (u16, 
                 }
                 Some(_) => {}
             }
-            let mut lease = current;
-            merge_patch(&mut lease, &patch);
+            let mut lease = body;
+            if verb == "PATCH" {
+                let patch = lease;
+                lease = current;
+                merge_patch(&mut lease, &patch);
+            }
             store.revision += 1;
             store.writes += 1;
             stamp(&mut lease, ns, store.revision);
