@@ -215,6 +215,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                 let l = leadership.borrow_and_update().clone();
                 lease_epoch.observe(l.epoch);
                 let holder = l.holder.as_deref().and_then(parse_identity);
+                view.set_lease_holder(holder.as_ref().map(|(id, _)| *id));
                 if let Some((id, _)) = &holder {
                     if *id != me {
                         *previous_holder.lock().expect("previous holder lock") = Some(*id);

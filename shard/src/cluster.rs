@@ -97,6 +97,9 @@ pub struct ClusterView {
     base: Instant,
     /// SIGTERM received: the broker is draining.
     draining: AtomicBool,
+    /// The Lease holder's broker id as last read (-1: not known yet). Kept apart from the
+    /// assignment: it is known from the first Lease read, before any assignment is accepted.
+    lease_holder: std::sync::atomic::AtomicI32,
 }
 
 impl ClusterView {
@@ -110,6 +113,7 @@ impl ClusterView {
             fence_until_ns: AtomicU64::new(u64::MAX),
             base: Instant::now(),
             draining: AtomicBool::new(false),
+            lease_holder: std::sync::atomic::AtomicI32::new(-1),
         }
     }
 
@@ -159,12 +163,24 @@ impl ClusterView {
             .filter(|l| *l >= 0)
     }
 
-    /// The controller's id: this broker in single-node mode; -1 when unknown.
+    /// The controller's id: this broker in single-node mode; in cluster mode the Lease
+    /// holder. Before the first Lease read this broker names itself: clients send admin
+    /// requests (CreateTopics, ...) to the controller, every kaas broker serves them, and an
+    /// answer of -1 makes some clients (librdkafka's admin API) wait minutes for a metadata
+    /// refresh.
     pub fn controller(&self) -> i32 {
         if !self.enabled {
             return self.me;
         }
-        self.state.load().controller.unwrap_or(-1)
+        match self.lease_holder.load(Ordering::Acquire) {
+            -1 => self.state.load().controller.unwrap_or(self.me),
+            id => id,
+        }
+    }
+
+    /// Records the Lease holder's broker id (control thread, on every Lease read).
+    pub fn set_lease_holder(&self, id: Option<i32>) {
+        self.lease_holder.store(id.unwrap_or(-1), Ordering::Release);
     }
 
     /// Every registered broker (this one alone in single-node mode).
