@@ -141,6 +141,9 @@ wait_port() { # PORT SECONDS PID
 }
 rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 hwm_kib() { awk '/^VmHWM:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+# The process's own memory, without the page cache of files it maps (kaas maps the segments it
+# serves, which VmRSS counts; Kafka's JVM heap is anonymous either way).
+anon_kib() { awk '/^RssAnon:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 start_kaas() {
     local port hport
@@ -247,7 +250,7 @@ cperf() { # WORKLOAD BROKER TOPIC MESSAGES
 memory() { # WORKLOAD
     local b
     for b in "${brokers[@]}"; do
-        echo "$1 $b $(rss_kib "${pid[$b]}") $(hwm_kib "${pid[$b]}")" >> "$res/memory.txt"
+        echo "$1 $b $(rss_kib "${pid[$b]}") $(hwm_kib "${pid[$b]}") $(anon_kib "${pid[$b]}")" >> "$res/memory.txt"
     done
 }
 

@@ -174,15 +174,19 @@ def main():
     try:
         for line in open(os.path.join(res, "memory.txt")):
             parts = line.split()
-            if len(parts) == 4:
-                mem[(parts[0], parts[1])] = (int(parts[2]) / 1024, int(parts[3]) / 1024)
+            if len(parts) >= 4:
+                anon = int(parts[4]) / 1024 if len(parts) >= 5 else None
+                mem[(parts[0], parts[1])] = (int(parts[2]) / 1024, int(parts[3]) / 1024, anon)
     except OSError:
         pass
     for stage in ("start", "produce-acks1", "produce-acksall", "consume", "e2e", "partitions1000", "end"):
-        vals = [mem.get((stage, b), (None, None))[0] for b in BROKERS]
+        vals = [mem.get((stage, b), (None, None, None))[0] for b in BROKERS]
         if any(v is not None for v in vals):
             rows.append(("memory", "/proc VmRSS", f"RSS MiB after {stage}", vals[0], vals[1], "mib", "lower"))
-    vals = [mem.get(("end", b), (None, None))[1] for b in BROKERS]
+        vals = [mem.get((stage, b), (None, None, None))[2] for b in BROKERS]
+        if any(v is not None for v in vals):
+            rows.append(("memory", "/proc RssAnon", f"anonymous RSS MiB after {stage}", vals[0], vals[1], "mib", "lower"))
+    vals = [mem.get(("end", b), (None, None, None))[1] for b in BROKERS]
     if any(v is not None for v in vals):
         rows.append(("memory", "/proc VmHWM", "peak RSS MiB", vals[0], vals[1], "mib", "lower"))
 
