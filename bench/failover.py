@@ -65,6 +65,8 @@ class Broker:
             "--lease-duration-ms", str(args.lease_duration_ms),
             "--lease-renew-deadline-ms", str(args.lease_renew_deadline_ms),
             "--lease-retry-period-ms", str(args.lease_retry_period_ms),
+            "--write-fence-ms", str(args.write_fence_ms),
+            "--handover-margin-ms", str(args.handover_margin_ms),
             "--auto-create-topics", "false",
         ]
         self.proc = None
@@ -158,7 +160,7 @@ def scenario(kind: str, args) -> dict:
         elapsed = time.monotonic() - t0
         out = {"scenario": kind, "brokers": args.brokers, "partitions": total,
                "victim_led": led, "seconds_to_all_served": round(elapsed, 3),
-               "lease_duration_ms": args.lease_duration_ms,
+               "lease_duration_ms": args.lease_duration_ms, "write_fence_ms": args.write_fence_ms,
                "survivor_fence_closed_fraction": round(closed / max(samples, 1), 3)}
         if kind == "controller":
             new = wait("new controller", lambda: next(
@@ -182,6 +184,8 @@ def main():
     p.add_argument("--lease-duration-ms", type=int, default=15000)
     p.add_argument("--lease-renew-deadline-ms", type=int, default=10000)
     p.add_argument("--lease-retry-period-ms", type=int, default=2000)
+    p.add_argument("--write-fence-ms", type=int, default=2500)
+    p.add_argument("--handover-margin-ms", type=int, default=1000)
     p.add_argument("--scenario", choices=["broker", "controller", "both"], default="both")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = p.parse_args()
