@@ -314,7 +314,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         controller_id_rx,
         status_tx,
     ));
-    tokio::spawn(catalog_reload_loop(shards.catalog.clone()));
+    tokio::spawn(catalog_reload_loop(shards.clone()));
     tokio::spawn(controller_loop(
         config.clone(),
         shards.clone(),
@@ -377,18 +377,29 @@ fn start_election<B: LeaseBackend + 'static>(
     Ok(rx)
 }
 
-/// Follows the catalog files on the shared volume.
-async fn catalog_reload_loop(catalog: Arc<Catalog>) {
+/// Follows the catalog files on the shared volume every second.
+async fn catalog_reload_loop(shards: Arc<Shards>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let c = catalog.clone();
-        match tokio::task::spawn_blocking(move || c.reload()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!("re-reading the topic catalog: {e}"),
-            Err(e) => tracing::warn!("catalog reload task failed: {e}"),
+        reload_catalog(&shards).await;
+    }
+}
+
+/// Re-reads the catalog (topics created, grown, deleted or reconfigured by other brokers);
+/// when configs changed, the shards re-apply them to their open logs.
+async fn reload_catalog(shards: &Shards) {
+    let c = shards.catalog.clone();
+    match tokio::task::spawn_blocking(move || c.reload()).await {
+        Ok(Ok(true)) => {
+            for tx in &shards.control {
+                let _ = tx.unbounded_send(ControlMsg::ConfigsChanged);
+            }
         }
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!("re-reading the topic catalog: {e}"),
+        Err(e) => tracing::warn!("catalog reload task failed: {e}"),
     }
 }
 
@@ -409,8 +420,7 @@ async fn apply_loop(
         let controller_id = *controller.borrow_and_update();
         if let Some(next) = next {
             if applied.as_ref().map(|a| a.order_key()) != Some(next.order_key()) {
-                let c = shards.catalog.clone();
-                let _ = tokio::task::spawn_blocking(move || c.reload()).await;
+                reload_catalog(&shards).await;
                 let d = diff(applied.as_deref(), &next, me);
                 retry.retain(|tp| next.leader(tp) == Some(me));
                 let started = std::time::Instant::now();
@@ -445,8 +455,7 @@ async fn apply_loop(
             r = controller.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(1)), if !retry.is_empty() => {
                 let again: Vec<TopicPartition> = retry.iter().cloned().collect();
-                let c = shards.catalog.clone();
-                let _ = tokio::task::spawn_blocking(move || c.reload()).await;
+                reload_catalog(&shards).await;
                 retry = send_to_shards(&shards, &again, false).await.into_iter().collect();
                 report(&status, applied.as_deref(), me, &retry);
             }

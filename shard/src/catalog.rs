@@ -215,7 +215,8 @@ impl Catalog {
     }
 
     /// Re-reads the catalog files and publishes what other brokers of the shared volume
-    /// changed. Returns whether the topics changed. Cheap when nothing did (two small reads).
+    /// changed. Returns whether anything changed (topics or broker configs). Cheap when
+    /// nothing did (two small reads).
     pub fn reload(&self) -> Result<bool, CatalogError> {
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let table: TopicTable = load_json(&self.dir.join("topics.json"))?.unwrap_or_default();
@@ -225,10 +226,11 @@ impl Catalog {
         }
         let configs: BTreeMap<String, String> =
             load_json(&self.dir.join("broker-configs.json"))?.unwrap_or_default();
-        if *self.broker_configs.load_full() != configs {
+        let configs_changed = *self.broker_configs.load_full() != configs;
+        if configs_changed {
             self.broker_configs.store(Arc::new(configs));
         }
-        Ok(changed)
+        Ok(changed || configs_changed)
     }
 
     pub fn cluster_id(&self) -> &str {

@@ -79,6 +79,8 @@ pub enum ControlMsg {
         partitions: Vec<(String, i32)>,
         done: futures::channel::oneshot::Sender<Vec<((String, i32), String)>>,
     },
+    /// Another broker changed topic or broker configs: re-apply them to the open logs.
+    ConfigsChanged,
     /// The view changed: close the consumer groups this broker no longer coordinates and
     /// release their locks.
     ReleaseGroups {

@@ -231,6 +231,7 @@ async fn serve_control(
                 // serving set either way, which is what the handover needs.
                 let _ = done.send(Vec::new());
             }
+            ControlMsg::ConfigsChanged => shard.apply_all_topic_configs(),
             ControlMsg::ReleaseGroups { done } => {
                 let view = shard.cluster.clone();
                 let me = view.me();
