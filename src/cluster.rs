@@ -41,6 +41,7 @@ use kaas_control::heartbeat::{
 use kaas_control::lease::file::FileLease;
 use kaas_control::lease::kube::KubeLease;
 use kaas_control::lease::{ElectionDriver, Leadership, LeaseBackend};
+use kaas_control::set_if_changed;
 use kaas_shard::catalog::Catalog;
 use kaas_shard::cluster::{ClusterState, ClusterView, ControlMsg};
 use kaas_shard::shard::owner_shard;
@@ -192,12 +193,11 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         });
     }
 
-    // The controller's address (and id) follow the Lease holder. A Lease read showing the
+    // The controller's address follows the Lease holder. A Lease read showing the
     // controller that last acknowledged us still holding the Lease keeps our write fence open
     // (see kaas_control::handover), so the cluster stays writable while a dead controller's
     // Lease runs out.
     let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
-    let (controller_id_tx, controller_id_rx) = watch::channel::<Option<i32>>(None);
     let acked_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let previous_holder = Arc::new(std::sync::Mutex::new(None::<i32>));
     {
@@ -227,14 +227,8 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                         }
                     }
                 }
-                controller_tx.send_if_modified(|c| {
-                    let new = holder.as_ref().map(|(_, a)| a.clone());
-                    (*c != new).then(|| *c = new).is_some()
-                });
-                controller_id_tx.send_if_modified(|c| {
-                    let new = holder.as_ref().map(|(id, _)| *id);
-                    (*c != new).then(|| *c = new).is_some()
-                });
+                // The heartbeat client re-dials on every notification: only real changes.
+                set_if_changed(&controller_tx, holder.map(|(_, addr)| addr));
                 if leadership.changed().await.is_err() {
                     return;
                 }
@@ -311,7 +305,6 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         config.clone(),
         shards.clone(),
         assignment_rx.clone(),
-        controller_id_rx,
         status_tx,
     ));
     tokio::spawn(catalog_reload_loop(shards.clone()));
@@ -346,7 +339,7 @@ fn start_election<B: LeaseBackend + 'static>(
     let forward = |mut inner: watch::Receiver<Leadership>, tx: watch::Sender<Leadership>| async move {
         loop {
             let view = inner.borrow_and_update().clone();
-            tx.send_if_modified(|current| (*current != view).then(|| *current = view).is_some());
+            set_if_changed(&tx, view);
             if inner.changed().await.is_err() {
                 return;
             }
@@ -409,7 +402,6 @@ async fn apply_loop(
     config: Arc<ClusterConfig>,
     shards: Arc<Shards>,
     mut assignments: watch::Receiver<Option<Arc<Assignment>>>,
-    mut controller: watch::Receiver<Option<i32>>,
     status: watch::Sender<LocalStatus>,
 ) {
     let me = BrokerId(config.broker_id);
@@ -417,7 +409,6 @@ async fn apply_loop(
     let mut retry: BTreeSet<TopicPartition> = BTreeSet::new();
     loop {
         let next = assignments.borrow_and_update().clone();
-        let controller_id = *controller.borrow_and_update();
         if let Some(next) = next {
             if applied.as_ref().map(|a| a.order_key()) != Some(next.order_key()) {
                 reload_catalog(&shards).await;
@@ -427,9 +418,7 @@ async fn apply_loop(
                 if !d.relinquish.is_empty() {
                     send_to_shards(&shards, &d.relinquish, true).await;
                 }
-                shards
-                    .view
-                    .publish(ClusterState::new(Some(next.clone()), controller_id));
+                shards.view.publish(ClusterState::new(Some(next.clone())));
                 release_groups(&shards).await;
                 let failed = send_to_shards(&shards, &d.take_over, false).await;
                 retry.extend(failed);
@@ -444,15 +433,10 @@ async fn apply_loop(
                 );
                 applied = Some(next);
                 report(&status, applied.as_deref(), me, &retry);
-            } else {
-                shards
-                    .view
-                    .publish(ClusterState::new(Some(next), controller_id));
             }
         }
         tokio::select! {
             r = assignments.changed() => if r.is_err() { return },
-            r = controller.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(1)), if !retry.is_empty() => {
                 let again: Vec<TopicPartition> = retry.iter().cloned().collect();
                 reload_catalog(&shards).await;
@@ -682,10 +666,10 @@ async fn recompute(
 ) -> anyhow::Result<Arc<Assignment>> {
     let path = assignment_path(&config.data_dir);
     let read_path = path.clone();
-    let (disk, bytes_read) = if bases.read_disk {
+    let (disk, bytes_read): (Option<Arc<Assignment>>, u64) = if bases.read_disk {
         tokio::task::spawn_blocking(move || {
             let bytes = std::fs::metadata(&read_path).map_or(0, |m| m.len());
-            read_assignment(&read_path).map(|a| (a, bytes))
+            read_assignment(&read_path).map(|a| (a.map(Arc::new), bytes))
         })
         .await
         .context("assignment read task")?
@@ -696,11 +680,11 @@ async fn recompute(
     // Start from the newest of the three by (epoch, version): a late write by a deposed
     // controller carries a lower epoch, so it never becomes the base whatever its version,
     // and the file we write next replaces it.
-    let previous: Option<Assignment> = [bases.last, bases.accepted, disk.clone().map(Arc::new)]
+    // Shared, not copied: this runs five times a second over every partition.
+    let previous: Option<Arc<Assignment>> = [bases.last, bases.accepted, disk.clone()]
         .into_iter()
         .flatten()
-        .max_by_key(|a| a.order_key())
-        .map(|a| (*a).clone());
+        .max_by_key(|a| a.order_key());
     let disk_is_base = !bases.read_disk || disk == previous;
     // Age silent brokers out now rather than at the server's next 1 s refresh.
     server.refresh();
@@ -731,7 +715,7 @@ async fn recompute(
         .values()
         .map(|t| (t.name.clone(), t.partitions))
         .collect();
-    let base = handover::planning_base(previous.as_ref());
+    let base = handover::planning_base(previous.as_deref());
     let plan = BalancePlanner::plan(&base, &alive, &topics);
     let version = previous.as_ref().map_or(0, |p| p.assignment_version) + 1;
     let now = std::time::Instant::now();
@@ -753,7 +737,7 @@ async fn recompute(
         }
     };
     let (partitions, pending) = handover::next_leadership(
-        previous.as_ref(),
+        previous.as_deref(),
         &plan.assignment,
         (epoch, version),
         standing,
@@ -783,9 +767,7 @@ async fn recompute(
                 && p.pending == next.pending
         });
     if unchanged {
-        return Ok(Arc::new(
-            previous.expect("unchanged implies a previous file"),
-        ));
+        return Ok(previous.expect("unchanged implies a previous file"));
     }
     // The exact gate, right before acting: a controller paused past its deadline must not
     // write (and if the write itself is what got paused, followers fence it by epoch).

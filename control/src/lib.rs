@@ -14,3 +14,16 @@ pub mod handover;
 pub mod health;
 pub mod heartbeat;
 pub mod lease;
+
+/// Publishes `value` on a `watch` channel unless it already holds an equal value, so receivers
+/// wake only for real changes (a re-published alive set or Lease view would otherwise make
+/// the controller recompute and the heartbeat client re-dial).
+pub fn set_if_changed<T: PartialEq>(tx: &tokio::sync::watch::Sender<T>, value: T) {
+    tx.send_if_modified(|current| {
+        let changed = *current != value;
+        if changed {
+            *current = value;
+        }
+        changed
+    });
+}

@@ -37,13 +37,11 @@ pub struct ClusterState {
     pub assignment: Option<Arc<Assignment>>,
     /// Topic → leader of each partition index (-1: none, e.g. in handover).
     leaders: HashMap<String, Vec<i32>>,
-    /// The controller's broker id (the Lease holder), when known.
-    pub controller: Option<i32>,
 }
 
 impl ClusterState {
     /// Indexes `assignment` for lookups by topic name without allocating.
-    pub fn new(assignment: Option<Arc<Assignment>>, controller: Option<i32>) -> Self {
+    pub fn new(assignment: Option<Arc<Assignment>>) -> Self {
         let mut leaders: HashMap<String, Vec<i32>> = HashMap::new();
         if let Some(a) = &assignment {
             for (tp, leader) in &a.partitions {
@@ -60,7 +58,6 @@ impl ClusterState {
         Self {
             assignment,
             leaders,
-            controller,
         }
     }
 }
@@ -175,7 +172,7 @@ impl ClusterView {
             return self.me;
         }
         match self.lease_holder.load(Ordering::Acquire) {
-            -1 => self.state.load().controller.unwrap_or(self.me),
+            -1 => self.me,
             id => id,
         }
     }
@@ -309,7 +306,8 @@ mod tests {
                 .collect(),
             [],
         );
-        view.publish(ClusterState::new(Some(Arc::new(a)), Some(1)));
+        view.publish(ClusterState::new(Some(Arc::new(a))));
+        view.set_lease_holder(Some(1));
         assert_eq!(view.leader("t", 1), Some(0));
         assert_eq!(view.leader("t", 0), None);
         assert_eq!(view.controller(), 1);

@@ -21,11 +21,7 @@ use crate::topic_config;
 /// name, mixed with the partition) over the shard count. Stable across restarts so a partition
 /// always comes back to the same core.
 pub fn owner_shard(topic: &str, partition: i32, shards: usize) -> usize {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in topic.bytes() {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x0100_0193);
-    }
+    let h = kaas_control::balancer::fnv1a_32(topic.as_bytes());
     // Consecutive partitions of one topic should land on different shards.
     let mixed = (h as u64).wrapping_add(partition as u64);
     (mixed % shards.max(1) as u64) as usize
@@ -99,15 +95,6 @@ impl Shard {
                 .is_some_and(|s| s.contains(&partition))
     }
 
-    /// The partitions this shard serves in cluster mode.
-    pub fn served(&self) -> Vec<(String, i32)> {
-        self.serving
-            .borrow()
-            .iter()
-            .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
-            .collect()
-    }
-
     /// Cluster mode: becomes the leader of a partition. The log is opened and recovered (every
     /// write the previous leader acknowledged was fsynced before it stopped), the leader epoch
     /// is raised past every epoch stored, so the first write starts a new segment named by it,
@@ -126,23 +113,9 @@ impl Shard {
         self.close_partition(topic.id, partition).await;
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let stored = kaas_storage::stored_leader_epoch(&dir).map_err(|e| e.to_string())?;
-        let log = PartitionLog::open(
-            dir,
-            topic_config::log_config(&topic.configs, &self.catalog.broker_configs()),
-            LeaderEpoch(stored.saturating_add(1)),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        self.partitions.borrow_mut().insert(
-            (topic.id, partition),
-            Rc::new(PartitionSlot {
-                log: RefCell::new(Some(log)),
-                opening: Semaphore::new(1),
-            }),
-        );
-        self.probe
-            .partitions_open
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.open_log(&topic, partition, LeaderEpoch(stored.saturating_add(1)))
+            .await
+            .map_err(|e| e.to_string())?;
         self.serving
             .borrow_mut()
             .entry(topic_name.to_string())
@@ -181,7 +154,7 @@ impl Shard {
         let log = slot.log.borrow_mut().take();
         if let Some(log) = log {
             if let Err(e) = log.close().await {
-                tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a relinquished partition failed; the next leader recovers it from its log");
+                tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition failed; the next open recovers it from its log");
             }
             self.probe
                 .partitions_open
@@ -212,6 +185,17 @@ impl Shard {
             // Cluster mode, and another broker leads it (or nobody, during a handover).
             return Err(StorageError::Closed);
         }
+        self.open_log(topic, partition, LeaderEpoch(0)).await
+    }
+
+    /// The partition's log, opened (and recovered) at `epoch` unless it is open already;
+    /// concurrent callers wait for one open instead of racing two.
+    async fn open_log(
+        &self,
+        topic: &TopicMeta,
+        partition: i32,
+        epoch: LeaderEpoch,
+    ) -> Result<Rc<PartitionLog>, StorageError> {
         let key = (topic.id, partition);
         let slot = self
             .partitions
@@ -239,7 +223,7 @@ impl Shard {
         let log = PartitionLog::open(
             dir,
             topic_config::log_config(&topic.configs, &self.catalog.broker_configs()),
-            LeaderEpoch(0),
+            epoch,
         )
         .await?;
         *slot.log.borrow_mut() = Some(log.clone());
@@ -280,23 +264,15 @@ impl Shard {
     /// Closes every open partition of a topic on this shard (DeleteTopics); the caller removes
     /// the directory once all shards have done so.
     pub async fn close_topic(&self, topic_id: Uuid) {
-        let slots: Vec<Rc<PartitionSlot>> = {
-            let mut map = self.partitions.borrow_mut();
-            let keys: Vec<_> = map
-                .keys()
-                .filter(|(id, _)| *id == topic_id)
-                .copied()
-                .collect();
-            keys.into_iter().filter_map(|k| map.remove(&k)).collect()
-        };
-        for slot in slots {
-            let log = slot.log.borrow_mut().take();
-            if let Some(log) = log {
-                let _ = log.close().await;
-                self.probe
-                    .partitions_open
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            }
+        let partitions: Vec<i32> = self
+            .partitions
+            .borrow()
+            .keys()
+            .filter(|(id, _)| *id == topic_id)
+            .map(|(_, p)| *p)
+            .collect();
+        for p in partitions {
+            self.close_partition(topic_id, p).await;
         }
     }
 

@@ -74,14 +74,7 @@ impl Shared {
             .lock()
             .expect("registry lock")
             .alive(now, self.config.alive_timeout);
-        self.alive.send_if_modified(|current| {
-            if *current == alive {
-                false
-            } else {
-                *current = alive;
-                true
-            }
-        });
+        crate::set_if_changed(&self.alive, alive);
     }
 
     /// Records a status; returns the acknowledgement to send, if the status was recorded and

@@ -277,13 +277,6 @@ impl<B: LeaseBackend> ElectionDriver<B> {
                 _ => seen.map_or(0, |r| r.lease_transitions),
             },
         };
-        self.tx.send_if_modified(|current| {
-            if *current == view {
-                false
-            } else {
-                *current = view;
-                true
-            }
-        });
+        crate::set_if_changed(&self.tx, view);
     }
 }

@@ -41,18 +41,11 @@ pub async fn run_coordinator(shard: std::rc::Rc<crate::shard::Shard>) {
 /// as `shard::owner_shard` for partitions, so a group always comes back to the same core and
 /// its state needs no cross-shard lock.
 pub fn owner_shard(group_id: &str, shards: usize) -> usize {
-    (fnv1a32(group_id.as_bytes()) as u64 % shards.max(1) as u64) as usize
+    (fnv1a_32(group_id.as_bytes()) as u64 % shards.max(1) as u64) as usize
 }
 
-/// FNV-1a, 32 bits.
-pub fn fnv1a32(bytes: &[u8]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in bytes {
-        h ^= *b as u32;
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
-}
+/// FNV-1a, 32 bits: the one implementation, shared with the coordinator rule.
+pub use kaas_control::balancer::fnv1a_32;
 
 #[cfg(test)]
 mod tests {
@@ -71,7 +64,7 @@ mod tests {
         assert!(counts.iter().all(|c| *c > 800), "{counts:?}");
         assert_eq!(owner_shard("x", 1), 0);
         // Known FNV-1a-32 vectors.
-        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
-        assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
     }
 }

@@ -259,8 +259,8 @@ pub fn group_dir_name(group_id: &str) -> String {
     format!(
         "{}-{:08x}{:08x}",
         &hex[..MAX_HEX - 40],
-        super::fnv1a32(group_id.as_bytes()),
-        super::fnv1a32(
+        super::fnv1a_32(group_id.as_bytes()),
+        super::fnv1a_32(
             group_id
                 .as_bytes()
                 .iter()

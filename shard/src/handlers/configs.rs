@@ -250,29 +250,21 @@ async fn apply_broker(
 pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> AlterConfigsResponse {
     let mut responses = Vec::new();
     for r in &req.resources {
+        // AlterConfigs replaces the whole set: entries without a value are dropped.
+        let configs: BTreeMap<String, String> = r
+            .configs
+            .iter()
+            .filter_map(|c| {
+                c.value
+                    .as_ref()
+                    .map(|v| (c.name.as_str().to_string(), v.as_str().to_string()))
+            })
+            .collect();
         let result: Result<(), (i16, String)> = match r.resource_type {
             RESOURCE_TOPIC => {
-                let configs: BTreeMap<String, String> = r
-                    .configs
-                    .iter()
-                    .filter_map(|c| {
-                        c.value
-                            .as_ref()
-                            .map(|v| (c.name.as_str().to_string(), v.as_str().to_string()))
-                    })
-                    .collect();
                 apply(shard, r.resource_name.as_str(), configs, req.validate_only).await
             }
             RESOURCE_BROKER => {
-                let configs: BTreeMap<String, String> = r
-                    .configs
-                    .iter()
-                    .filter_map(|c| {
-                        c.value
-                            .as_ref()
-                            .map(|v| (c.name.as_str().to_string(), v.as_str().to_string()))
-                    })
-                    .collect();
                 apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only).await
             }
             other => Err(unsupported_resource(other)),

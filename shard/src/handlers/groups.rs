@@ -559,18 +559,17 @@ pub async fn offset_commit(
             )
         })
         .collect();
-    let codes: Vec<Vec<i16>> = if gid.is_empty() {
+    // One error for every partition of the request.
+    let all = |e: GroupError| -> Vec<Vec<i16>> {
         shape
             .iter()
-            .map(|(_, ps)| vec![errors::group(&invalid_group_id()); ps.len()])
+            .map(|(_, ps)| vec![errors::group(&e); ps.len()])
             .collect()
+    };
+    let codes: Vec<Vec<i16>> = if gid.is_empty() {
+        all(invalid_group_id())
     } else {
-        let lost = |e: GroupError| -> Vec<Vec<i16>> {
-            shape
-                .iter()
-                .map(|(_, ps)| vec![errors::group(&e); ps.len()])
-                .collect()
-        };
+        let lost = all;
         on_group(shard, &gid.clone(), lost, move |s| async move {
             commit_on_owner(&s, &gid, req, version).await
         })
