@@ -123,27 +123,37 @@ pub struct Catalog {
     /// Dynamic broker configs (Kafka's names, e.g. `log.retention.ms`), set through
     /// AlterConfigs on the broker resource; they are the defaults of topic configs.
     broker_configs: ArcSwap<BTreeMap<String, String>>,
+    /// The bytes of `topics.json` at the last [`Catalog::reload`]: an unchanged file is not
+    /// parsed again (the reload runs every second on every broker of a cluster).
+    reloaded_topics: Mutex<Vec<u8>>,
 }
 
 fn store_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CatalogError> {
     let bytes = serde_json::to_vec_pretty(value).expect("catalog serializes");
-    kaas_storage::write_atomically(path, &bytes).map_err(|e| CatalogError::Storage {
+    kaas_storage::write_atomically(path, &bytes).map_err(|e| storage_error(path, e))
+}
+
+fn storage_error(path: &Path, e: impl std::fmt::Display) -> CatalogError {
+    CatalogError::Storage {
         path: path.to_path_buf(),
         detail: e.to_string(),
-    })
+    }
+}
+
+/// A catalog file's bytes; `None` when it does not exist yet.
+fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>, CatalogError> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(storage_error(path, e)),
+    }
 }
 
 /// Reads a JSON file of the catalog; `None` when it does not exist yet.
 fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, CatalogError> {
-    let err = |e: &dyn std::fmt::Display| CatalogError::Storage {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    };
-    match std::fs::read(path) {
-        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| err(&e)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(err(&e)),
-    }
+    read_bytes(path)?
+        .map(|b| serde_json::from_slice(&b).map_err(|e| storage_error(path, e)))
+        .transpose()
 }
 
 /// An exclusive `flock` on `__meta/catalog.lock`, held while a change reads, modifies and
@@ -155,19 +165,15 @@ impl FileLock {
     fn take(dir: &Path) -> Result<FileLock, CatalogError> {
         use std::os::fd::AsRawFd;
         let path = dir.join("catalog.lock");
-        let err = |e: &dyn std::fmt::Display| CatalogError::Storage {
-            path: path.clone(),
-            detail: e.to_string(),
-        };
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|e| err(&e))?;
+            .map_err(|e| storage_error(&path, e))?;
         // SAFETY: flock on a descriptor we own; no memory is involved.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(err(&std::io::Error::last_os_error()));
+            return Err(storage_error(&path, std::io::Error::last_os_error()));
         }
         Ok(FileLock(file))
     }
@@ -185,10 +191,7 @@ impl Catalog {
     /// Loads (or initialises) the catalog under `<data_dir>/__meta/`.
     pub fn open(data_dir: &Path) -> Result<Catalog, CatalogError> {
         let dir = data_dir.join("__meta");
-        std::fs::create_dir_all(&dir).map_err(|e| CatalogError::Storage {
-            path: dir.clone(),
-            detail: e.to_string(),
-        })?;
+        std::fs::create_dir_all(&dir).map_err(|e| storage_error(&dir, e))?;
         let _lock = FileLock::take(&dir)?;
         let table: TopicTable = load_json(&dir.join("topics.json"))?.unwrap_or_default();
         let cluster_path = dir.join("cluster.json");
@@ -211,18 +214,33 @@ impl Catalog {
             admin: Mutex::new(meta),
             next_producer_id: AtomicI64::new(next),
             cluster_id,
+            reloaded_topics: Mutex::new(Vec::new()),
         })
     }
 
     /// Re-reads the catalog files and publishes what other brokers of the shared volume
     /// changed. Returns whether anything changed (topics or broker configs). Cheap when
-    /// nothing did (two small reads).
+    /// nothing did: two reads, and the topics are parsed only when their file changed.
     pub fn reload(&self) -> Result<bool, CatalogError> {
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        let table: TopicTable = load_json(&self.dir.join("topics.json"))?.unwrap_or_default();
-        let changed = *self.table.load_full() != table;
-        if changed {
-            self.table.store(Arc::new(table));
+        let path = self.dir.join("topics.json");
+        let bytes = read_bytes(&path)?.unwrap_or_default();
+        let mut seen = self
+            .reloaded_topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut changed = false;
+        if *seen != bytes {
+            let table: TopicTable = if bytes.is_empty() {
+                TopicTable::default()
+            } else {
+                serde_json::from_slice(&bytes).map_err(|e| storage_error(&path, e))?
+            };
+            changed = *self.table.load_full() != table;
+            if changed {
+                self.table.store(Arc::new(table));
+            }
+            *seen = bytes;
         }
         let configs: BTreeMap<String, String> =
             load_json(&self.dir.join("broker-configs.json"))?.unwrap_or_default();
