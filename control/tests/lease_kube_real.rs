@@ -32,8 +32,8 @@
 //!   `PUT` carrying the resourceVersion of a Lease deleted meanwhile (e.g. `kubectl delete
 //!   lease`) would recreate it; the backend's merge patch does not.
 
-// Only the harness's recording and checking helpers are used here (its drivers run at timings
-// too short for a real apiserver on a busy machine).
+// The harness's recording and checking helpers are used here, with drivers of our own (the
+// harness's run at timings too short for a real apiserver on a busy machine).
 #[allow(dead_code)]
 #[path = "support/harness.rs"]
 mod harness;
@@ -51,7 +51,6 @@ use kaas_control::lease::{ElectionDriver, Leadership, LeaseBackend, LEASE_NAME};
 use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use tokio::sync::oneshot;
 use tokio::time::{sleep, Instant};
 
 /// The kubeconfig of the real apiserver to test against; unset = skip.
@@ -395,22 +394,7 @@ fn spawn_node<B: LeaseBackend + 'static>(index: usize, backend: B, events: &Even
     let driver = ElectionDriver::new(backend, format!("b{index}"), REAL)
         .expect("config")
         .with_io_timeout(IO_TIMEOUT);
-    let mut rx = driver.subscribe();
-    let events = std::sync::Arc::clone(events);
-    tokio::spawn(async move {
-        while rx.changed().await.is_ok() {
-            let seen = rx.borrow_and_update().clone();
-            events.lock().unwrap().push((Instant::now(), index, seen));
-        }
-    });
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(driver.run(async move {
-        let _ = stopped.await;
-    }));
-    Node {
-        stop: Some(stop),
-        task,
-    }
+    harness::spawn_driver(index, driver, events)
 }
 
 // Proves: a Lease left by a holder that stopped renewing (here one written by a stranger, with

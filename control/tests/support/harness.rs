@@ -85,7 +85,15 @@ pub struct Node<B> {
 
 /// Starts candidate `index` (identity `b{index}`) and records what it publishes into `events`.
 pub fn spawn_node<B: LeaseBackend + 'static>(index: usize, backend: B, events: &Events) -> Node<B> {
-    let driver = driver(backend, format!("b{index}"));
+    spawn_driver(index, driver(backend, format!("b{index}")), events)
+}
+
+/// Runs an already built candidate `index` and records what it publishes into `events`.
+pub fn spawn_driver<B: LeaseBackend + 'static>(
+    index: usize,
+    driver: ElectionDriver<B>,
+    events: &Events,
+) -> Node<B> {
     let mut rx = driver.subscribe();
     let events = Arc::clone(events);
     tokio::spawn(async move {
