@@ -124,27 +124,37 @@ class RdGroup:
         self.seen: dict[bytes, int] = {}
         self.errors: list = []
         self.commit_errors: list = []
+        # Consumers whose last commit failed: they commit again at the next step even when no
+        # new message arrived, or a commit lost to a rebalance would never be repeated.
+        self.uncommitted: set[int] = set()
 
     def subscribe(self):
         for c in self.consumers:
             c.subscribe([self.topic])
 
     def step(self):
-        from confluent_kafka import KafkaException
-        for c in self.consumers:
+        from confluent_kafka import KafkaError, KafkaException
+        for i, c in enumerate(self.consumers):
             msgs = c.consume(num_messages=500, timeout=0.02)
             for m in msgs:
                 if m.error() is not None:
                     self.errors.append(m.error())
                     continue
                 self.seen[m.value()] = self.seen.get(m.value(), 0) + 1
-            if any(m.error() is None for m in msgs):
+            if any(m.error() is None for m in msgs) or i in self.uncommitted:
                 try:
                     c.commit(asynchronous=False)
+                    self.uncommitted.discard(i)
                 except KafkaException as e:
-                    # A commit can fail across a rebalance or a coordinator restart; the
-                    # records are then read again, which the checks allow.
+                    if e.args[0].code() == KafkaError._NO_OFFSET:
+                        # Nothing left to commit (the partitions moved to another member).
+                        self.uncommitted.discard(i)
+                        continue
+                    # A commit can fail across a rebalance or a coordinator restart; it is
+                    # repeated at the next step (records may also be read again, which the
+                    # checks allow).
                     self.commit_errors.append(e)
+                    self.uncommitted.add(i)
 
     def assignments(self):
         return [{tp.partition for tp in c.assignment()} for c in self.consumers]
