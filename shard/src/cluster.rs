@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kaas_control::assignment::{Assignment, Health};
+use kaas_control::balancer::BrokerId;
 
 /// One broker as Metadata and DescribeCluster show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,17 +164,26 @@ impl ClusterView {
     }
 
     /// The controller's id: this broker in single-node mode; in cluster mode the Lease
-    /// holder. Before the first Lease read this broker names itself: clients send admin
-    /// requests (CreateTopics, ...) to the controller, every kaas broker serves them, and an
-    /// answer of -1 makes some clients (librdkafka's admin API) wait minutes for a metadata
-    /// refresh.
+    /// holder, when the broker list this view reports contains it. Otherwise (no Lease read
+    /// yet, or an assignment written before the controller's own row) this broker names
+    /// itself: clients send admin requests (CreateTopics, ...) to the controller, every kaas
+    /// broker serves them, and a controller id that is -1 or missing from Metadata's broker
+    /// list makes librdkafka's admin client wait minutes for a metadata refresh.
     pub fn controller(&self) -> i32 {
         if !self.enabled {
             return self.me;
         }
-        match self.lease_holder.load(Ordering::Acquire) {
-            -1 => self.me,
-            id => id,
+        let holder = self.lease_holder.load(Ordering::Acquire);
+        let listed = self
+            .state
+            .load()
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.broker(BrokerId(holder)).is_some());
+        if listed {
+            holder
+        } else {
+            self.me
         }
     }
 
