@@ -19,6 +19,9 @@ pub struct BrokerConfig {
     pub io_memory_bytes: usize,
     /// How often each shard applies retention to the partitions it owns.
     pub retention_check_interval_ms: u64,
+    /// What a group-commit sync covers (`--sync-scope`): one partition's segment, or the data
+    /// directory's whole filesystem, shared by every partition of the shard.
+    pub sync_scope: kaas_storage::SyncScope,
 }
 
 impl BrokerConfig {
@@ -36,6 +39,7 @@ impl BrokerConfig {
             max_frame_bytes: kaas_wire::frame::DEFAULT_MAX_FRAME_BYTES,
             io_memory_bytes: 2 << 20,
             retention_check_interval_ms: 30_000,
+            sync_scope: kaas_storage::SyncScope::default(),
         }
     }
 }

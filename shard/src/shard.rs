@@ -220,12 +220,7 @@ impl Shard {
             return Ok(log.clone());
         }
         let dir = topic.partition_dir(&self.config.data_dir, partition);
-        let log = PartitionLog::open(
-            dir,
-            topic_config::log_config(&topic.configs, &self.catalog.broker_configs()),
-            epoch,
-        )
-        .await?;
+        let log = PartitionLog::open(dir, self.log_config(topic), epoch).await?;
         *slot.log.borrow_mut() = Some(log.clone());
         self.probe
             .partitions_open
@@ -241,6 +236,15 @@ impl Shard {
             .and_then(|s| s.log.borrow().clone())
     }
 
+    /// The log engine settings of a topic's partitions: its configs over the broker's dynamic
+    /// defaults, and the broker's sync scope.
+    fn log_config(&self, topic: &TopicMeta) -> kaas_storage::LogConfig {
+        kaas_storage::LogConfig {
+            sync_scope: self.config.sync_scope,
+            ..topic_config::log_config(&topic.configs, &self.catalog.broker_configs())
+        }
+    }
+
     /// Re-applies every topic's effective configs to the open logs on this shard (after the
     /// broker's dynamic defaults changed).
     pub fn apply_all_topic_configs(&self) {
@@ -251,7 +255,7 @@ impl Shard {
 
     /// Applies a topic's new configs to its open logs on this shard.
     pub fn apply_topic_config(&self, topic: &TopicMeta) {
-        let cfg = topic_config::log_config(&topic.configs, &self.catalog.broker_configs());
+        let cfg = self.log_config(topic);
         for ((id, _), slot) in self.partitions.borrow().iter() {
             if *id == topic.id {
                 if let Some(log) = slot.log.borrow().as_ref() {

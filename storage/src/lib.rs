@@ -8,13 +8,15 @@
 //!
 //! Durability contract, enforced in [`PartitionLog::append`] and [`PartitionLog::wait_durable`]:
 //! an append returns once its bytes are written to the segment file (page cache); it is durable
-//! once `wait_durable` for its end offset returns, which happens only after an `fdatasync` that
-//! started after the write completed. One fdatasync serves every waiter whose write completed
-//! before it started (group commit).
+//! once `wait_durable` for its end offset returns, which happens only after an `fdatasync` of the
+//! segment (or a `syncfs` of its filesystem, see [`SyncScope`]) that started after the write
+//! completed. One sync serves every waiter whose write completed before it started (group
+//! commit); a `syncfs` serves the waiters of every partition on the shard.
 
 mod codec;
 mod compaction;
 mod error;
+mod fs_sync;
 mod index;
 mod manifest;
 mod partition;
@@ -22,6 +24,7 @@ mod producer;
 mod segment;
 
 pub use error::StorageError;
+pub use fs_sync::{filesystem_syncs, SyncScope};
 pub use manifest::write_atomically;
 pub use partition::{
     AppendOutcome, IndexStats, LogConfig, PartitionLog, ReadOutcome, TimestampLookup,

@@ -11,6 +11,7 @@ use glommio::sync::Semaphore;
 use kaas_wire::batch::{self, BatchHeader};
 
 use crate::compaction;
+use crate::fs_sync::SyncScope;
 use crate::index::{self, BatchEntry, BatchIndex};
 use crate::manifest::Manifest;
 use crate::producer::{ProducerCheck, ProducerSnapshot, ProducerStateTable};
@@ -65,6 +66,9 @@ pub struct LogConfig {
     /// An fsync that has not completed after this long fails its waiters with a storage error
     /// instead of holding their requests forever.
     pub fsync_timeout_ms: u64,
+    /// What one group-commit sync covers: this partition's file, or the whole filesystem
+    /// (one `syncfs` for every partition of the shard; see `crate::fs_sync`).
+    pub sync_scope: SyncScope,
 }
 
 impl Default for LogConfig {
@@ -83,6 +87,7 @@ impl Default for LogConfig {
             flush_ms: 1000,
             flush_messages: u64::MAX,
             fsync_timeout_ms: 30_000,
+            sync_scope: SyncScope::default(),
         }
     }
 }
@@ -815,11 +820,15 @@ impl PartitionLog {
                 let seg = st.segments.last().expect("active segment");
                 (st.log_end_offset, seg.file.clone(), seg.path.clone())
             };
-            let result = {
-                let _slot = fsync_slot().await;
-                file.fdatasync()
-                    .await
-                    .map_err(|e| StorageError::io("fsyncing segment", &path, e))
+            let scope = self.config.borrow().sync_scope;
+            let result = match scope {
+                SyncScope::File => {
+                    let _slot = fsync_slot().await;
+                    file.fdatasync()
+                        .await
+                        .map_err(|e| StorageError::io("fsyncing segment", &path, e))
+                }
+                SyncScope::Filesystem => crate::fs_sync::sync_filesystem(&self.dir).await,
             };
             let mut fl = self.flush.borrow_mut();
             if result.is_ok() {
