@@ -291,6 +291,11 @@ async fn reader_loop(
     mut slots: mpsc::UnboundedReceiver<ReplySlot>,
 ) {
     let mut size_buf = [0u8; 4];
+    // Frames are cut from one buffer. Once the previous frames are dropped, `reserve` takes
+    // their memory back instead of allocating: a fresh allocation per fetch response (tens of
+    // MiB, above glibc's mmap threshold) cost a page fault per 4 KiB, and those faults took
+    // about a fifth of the machine during a consume, CPU the broker under test then lacked.
+    let mut buf = BytesMut::new();
     loop {
         if read_half.read_exact(&mut size_buf).await.is_err() {
             return; // dropping `slots` fails every waiting request with "connection closed"
@@ -302,7 +307,10 @@ async fn reader_loop(
             }
             return;
         }
-        let mut frame = BytesMut::zeroed(size as usize);
+        buf.clear();
+        buf.reserve(size as usize);
+        buf.resize(size as usize, 0);
+        let mut frame = buf.split_to(size as usize);
         if read_half.read_exact(&mut frame).await.is_err() {
             return;
         }

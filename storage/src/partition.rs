@@ -438,8 +438,15 @@ impl PartitionLog {
             at += len;
         }
         let total = buf.len();
-        self.preallocate(&file, &path, position + total as u64)
-            .await?;
+        // Zeros ahead of the data spare a per-file fdatasync its metadata commit. A syncfs
+        // commits the journal once for every partition anyway, and there the zeros only cost
+        // a second pass over fresh page-cache pages: measured 2026-11-30, 100 partitions,
+        // acks=1 437k msg/s with zeros, 537k without; acks=all the same rate, p99 187 vs 113 ms.
+        let zero_fill = self.config.borrow().sync_scope == SyncScope::File;
+        if zero_fill {
+            self.preallocate(&file, &path, position + total as u64)
+                .await?;
+        }
         let written = file
             .write_at(buf, position)
             .await
@@ -469,7 +476,9 @@ impl PartitionLog {
             let _ = w.send(());
         }
         self.schedule_flush(next);
-        self.fill_ahead(file, path, position + total as u64);
+        if zero_fill {
+            self.fill_ahead(file, path, position + total as u64);
+        }
         Ok(AppendOutcome::Appended {
             base_offset,
             last_offset: next - 1,
@@ -477,6 +486,7 @@ impl PartitionLog {
     }
 
     /// Makes sure the active segment's file extends past `end` with zeros already written.
+    /// Used in the file sync scope only (see `append`).
     ///
     /// Why zeros and not `fallocate`: an fdatasync after a write that grows the file (or turns
     /// an unwritten extent into a written one) must also commit metadata through the journal;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use glommio::LocalExecutorBuilder;
-use kaas_storage::{AppendOutcome, LeaderEpoch, LogConfig, PartitionLog};
+use kaas_storage::{AppendOutcome, LeaderEpoch, LogConfig, PartitionLog, SyncScope};
 use kaas_wire::batch::{
     build_batch, verify_batch, verify_produced_record_set, BatchSpec, RecordKv,
 };
@@ -34,8 +34,15 @@ struct Model {
     log_end: i64,
 }
 
+thread_local! {
+    /// The sync scope of the seed running on this thread: odd seeds fdatasync per file (with
+    /// zeros written ahead of the data), even seeds syncfs.
+    static SCOPE: std::cell::Cell<SyncScope> = const { std::cell::Cell::new(SyncScope::File) };
+}
+
 fn config() -> LogConfig {
     LogConfig {
+        sync_scope: SCOPE.with(|s| s.get()),
         segment_bytes: 600,
         // Several index marks per segment, so lookups scan headers between marks.
         index_interval_bytes: 150,
@@ -100,6 +107,12 @@ fn run_seed(seed: u64) {
     let path = dir.path().join("p");
     LocalExecutorBuilder::default()
         .spawn(move || async move {
+            let scope = if seed % 2 == 1 {
+                SyncScope::File
+            } else {
+                SyncScope::Filesystem
+            };
+            SCOPE.with(|s| s.set(scope));
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
             let mut m = Model::default();
             let mut log = open(&path).await;
