@@ -151,7 +151,7 @@ start_kaas() {
     mkdir -p "$workdir/kaas-data"
     "$kaas_bin" --listen "127.0.0.1:$port" --advertised-listener "127.0.0.1:$port" \
         --data-dir "$workdir/kaas-data" --shards "$shards" --health-listen "127.0.0.1:$hport" \
-        > "$workdir/kaas.log" 2>&1 &
+        --retention-check-interval-ms 1000 > "$workdir/kaas.log" 2>&1 &
     pid[kaas]=$!; started+=("$!"); addr[kaas]="127.0.0.1:$port"
     local i
     for i in $(seq 1 300); do
@@ -165,10 +165,21 @@ start_kaas() {
     die "kaas did not become ready within 30 s"
 }
 
+# Disk: at these rates a full run writes ~45 GB per broker, more than this machine's disk has
+# free. Each topic therefore keeps a bounded tail (retention.bytes per partition, checked every
+# second by both brokers; Kafka also deletes segments 1 s after retiring them instead of 60 s),
+# topics are deleted once no later workload reads them, and the 1,000-partition topic is created
+# only after that. Segments are small enough that retention applies within a run, large enough
+# that a partition rolls about once per run (rolling costs both brokers something).
+kafka_retention_props=$'log.retention.check.interval.ms=1000\nlog.segment.delete.delay.ms=1000'
+p100_cfg=(--topic-config segment.bytes=67108864 --topic-config retention.bytes=67108864)
+p1000_cfg=(--topic-config segment.bytes=8388608 --topic-config retention.bytes=4194304)
+
 start_kafka() {
     local port
     port="$(free_port)"
-    KAFKA_HEAP_OPTS="$kafka_heap" "$root/scripts/run-apache-kafka.sh" "$port" "$workdir/kafka-data" \
+    KAFKA_HEAP_OPTS="$kafka_heap" KAFKA_EXTRA_PROPS="$kafka_retention_props" \
+        "$root/scripts/run-apache-kafka.sh" "$port" "$workdir/kafka-data" \
         > "$workdir/kafka.log" 2>&1 &
     pid[kafka]=$!; started+=("$!"); addr[kafka]="127.0.0.1:$port"
     if ! wait_port "$port" 120 "${pid[kafka]}"; then
@@ -308,14 +319,25 @@ prime() { # BROKER TOPIC PARTITIONS SECONDS [extra kaas-bench args]
 }
 for b in "${brokers[@]}"; do
     if has_workload produce-acks1 || has_workload produce-acksall || has_workload consume; then
-        prime "$b" c-p100 100 3
+        prime "$b" c-p100 100 3 "${p100_cfg[@]}"
     fi
     if has_workload e2e; then prime "$b" c-e2e 100 3; fi
-    if has_workload partitions1000; then prime "$b" c-p1000 1000 8; fi
     if has_workload produce-flush && [[ "$b" == kafka ]]; then
         prime "$b" c-p100-flush 100 3 --topic-config flush.messages=1
     fi
 done
+
+drop_topics() { # TOPIC... — on every broker, with Kafka's own TopicCommand (kaas serves DeleteTopics)
+    local b t
+    for b in "${brokers[@]}"; do
+        for t in "$@"; do
+            timeout 60 java -Xmx256m -cp "$kafka_libs/*" org.apache.kafka.tools.TopicCommand \
+                --bootstrap-server "${addr[$b]}" --delete --if-exists --topic "$t" \
+                > "$res/drop.$b.$t.txt" 2>&1 || log "  deleting $t on $b failed, see $res/drop.$b.$t.txt"
+        done
+    done
+    sleep 2
+}
 
 echo "duration=$duration warmup=$warmup e2e_rate=$e2e_rate brokers=${brokers[*]} kafka=$kafka_version" \
     > "$res/params.txt"
@@ -363,6 +385,8 @@ if has_workload e2e; then
     turn=$((turn + 1))
 fi
 if has_workload partitions1000; then
+    drop_topics c-p100 c-p100-flush c-e2e
+    for b in "${brokers[@]}"; do prime "$b" c-p1000 1000 8 "${p1000_cfg[@]}"; done
     # Run twice: Kafka's first writes to 1000 partitions after ~30 s without traffic are slow
     # (see bench/README.md), the second run shows its steady state.
     produce_workload partitions1000 c-p1000 1000 1 1

@@ -376,9 +376,14 @@ pub mod file {
 
     /// Writes the index beside its segment. Not fsynced: a lost index is rebuilt by a scan.
     pub fn save(segment: &Path, index: &BatchIndex) {
+        save_encoded(segment, &encode(index));
+    }
+
+    /// [`save`] of an index already encoded (so the file IO can run off the shard's thread).
+    pub fn save_encoded(segment: &Path, bytes: &[u8]) {
         let path = path_for(segment);
         let tmp = path.with_extension("index.tmp");
-        if std::fs::write(&tmp, encode(index))
+        if std::fs::write(&tmp, bytes)
             .and_then(|_| std::fs::rename(&tmp, &path))
             .is_err()
         {
