@@ -220,6 +220,7 @@ impl PartitionLog {
             table: ProducerStateTable::default(),
         });
         let replay_from = snapshot.offset;
+        let snapshot_stored = snapshot.offset;
         let mut producers = snapshot.table;
         let mut segments: Vec<Segment> = Vec::new();
         let mut cut = false;
@@ -282,7 +283,14 @@ impl PartitionLog {
         );
         if segments.is_empty() {
             segments.push(
-                Segment::create(&dir, log_end_offset, epoch, config.index_interval_bytes).await?,
+                Segment::create(
+                    &dir,
+                    log_end_offset,
+                    epoch,
+                    config.index_interval_bytes,
+                    true,
+                )
+                .await?,
             );
         }
         // Written only when something changed: an fsync per partition would make opening
@@ -319,7 +327,7 @@ impl PartitionLog {
             write_lock: Semaphore::new(1),
             fill_lock: Semaphore::new(1),
             filling: Cell::new(false),
-            snapshot_stored: Cell::new(i64::MIN),
+            snapshot_stored: Cell::new(snapshot_stored),
             seal_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
@@ -623,12 +631,18 @@ impl PartitionLog {
     /// Starts a new segment when the active one is full or old, or was written at an older
     /// leader epoch.
     ///
-    /// The old segment is fsynced before the new one starts, so durability waiters never depend
-    /// on a file the flusher no longer watches, and only then sealed (its saved index and the
-    /// producer snapshot as of its end, which let the next open skip scanning it): a saved
-    /// index over bytes a crash lost would be trusted, and a snapshot counting lost batches
-    /// would answer a producer's retry of them as a duplicate. Only this partition waits;
-    /// the blocking file work runs off the shard's thread.
+    /// A rolled segment is sealed (its saved index and the producer snapshot as of its end,
+    /// which let the next open skip scanning it) only once its bytes are on disk: a saved index
+    /// over bytes a crash lost would be trusted, and a snapshot counting lost batches would
+    /// answer a producer's retry of them as a duplicate.
+    ///
+    /// In the file sync scope the old segment is fsynced and sealed before the new one starts,
+    /// so durability waiters never depend on a file the flusher no longer watches. In the
+    /// filesystem scope every syncfs covers the old segment anyway, so the append goes on at
+    /// once and the fsync and seal follow in the background; retention then keeps a segment
+    /// until a snapshot past it is stored (see `removable`). Inline, the fsync stalled every
+    /// request touching a rolling partition: 1,000 partitions with 4 MiB segments, acks=1
+    /// p99 406 ms / p99.9 1,024 ms, against 123–275 / 435–540 ms in the background.
     async fn maybe_roll(self: &Rc<Self>, incoming: u64) -> Result<(), StorageError> {
         let (need, epoch_changed, old_file, old_path, next, epoch) = {
             let st = self.state.borrow();
@@ -659,11 +673,39 @@ impl PartitionLog {
             offset: next,
             table: self.state.borrow().producers.clone(),
         };
-        old_file
-            .fdatasync()
-            .await
-            .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
-        self.seal(&old_path, snapshot).await?;
+        let scope = self.config.borrow().sync_scope;
+        if scope == SyncScope::File {
+            old_file
+                .fdatasync()
+                .await
+                .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
+            self.seal(&old_path, snapshot).await?;
+        } else {
+            // Weak: a log dropped or closed before the fsync returns is not sealed (`close`
+            // stores the newest snapshot itself; a dropped log's files may have a new owner).
+            let log = Rc::downgrade(self);
+            glommio::spawn_local(async move {
+                let synced = {
+                    let _slot = fsync_slot().await;
+                    old_file
+                        .fdatasync()
+                        .await
+                        .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))
+                };
+                let Some(log) = log.upgrade() else {
+                    return;
+                };
+                if let Err(e) = async { log.seal(&old_path, snapshot).await }
+                    .await
+                    .and(synced)
+                {
+                    // Not fatal: a segment without its saved index is scanned and verified at
+                    // the next open, and retention waits for a newer snapshot.
+                    tracing::warn!(path = %old_path.display(), error = %e, "sealing a rolled segment failed");
+                }
+            })
+            .detach();
+        }
         if epoch_changed {
             // The first write under a new leader epoch: record the epoch before the segment
             // named by it exists, so the manifest never lags a segment name.
@@ -675,7 +717,10 @@ impl PartitionLog {
             .store(&self.dir)?;
         }
         let interval = self.config.borrow().index_interval_bytes;
-        let seg = Segment::create(&self.dir, next, epoch, interval).await?;
+        // In the filesystem scope the syncfs that makes the first acks=all write in the new
+        // segment durable commits its name too.
+        let sync_name = scope == SyncScope::File;
+        let seg = Segment::create(&self.dir, next, epoch, interval, sync_name).await?;
         let mut st = self.state.borrow_mut();
         if st.segments.last().is_some_and(|s| s.size == 0) {
             // An empty segment (the epoch changed before anything was written) is replaced.
@@ -684,8 +729,10 @@ impl PartitionLog {
         }
         st.segments.push(seg);
         drop(st);
-        let mut fl = self.flush.borrow_mut();
-        fl.durable_end = fl.durable_end.max(next);
+        if scope == SyncScope::File {
+            let mut fl = self.flush.borrow_mut();
+            fl.durable_end = fl.durable_end.max(next);
+        }
         Ok(())
     }
 
@@ -729,6 +776,17 @@ impl PartitionLog {
                 .set(self.snapshot_stored.get().max(offset));
         }
         Ok(())
+    }
+
+    /// Whether sealed segment `n` may be deleted: the stored producer snapshot must already
+    /// cover it. Otherwise a crash would replay producer state from an older snapshot through
+    /// a log that no longer holds the batches in between, and an idempotent producer's next
+    /// batch would be refused as out of sequence. (A snapshot is stored when the segment after
+    /// it was rolled; in the filesystem sync scope that happens in the background.)
+    fn removable(&self, st: &State, n: usize) -> bool {
+        st.segments
+            .get(n + 1)
+            .is_some_and(|next| next.base_offset <= self.snapshot_stored.get())
     }
 
     /// Stores a producer snapshot unless a newer one is already stored.
@@ -823,7 +881,12 @@ impl PartitionLog {
     /// is never deleted. Returns how many segments were removed.
     pub async fn enforce_retention(&self, now_ms: i64) -> Result<usize, StorageError> {
         let cfg = self.config.borrow().clone();
-        if !cfg.delete_enabled || (cfg.retention_ms < 0 && cfg.retention_bytes < 0) {
+        let retains = cfg.delete_enabled && (cfg.retention_ms >= 0 || cfg.retention_bytes >= 0);
+        let below_start = {
+            let st = self.state.borrow();
+            st.segments.len() > 1 && st.segments[1].base_offset <= st.log_start_offset
+        };
+        if !retains && !below_start {
             return Ok(0);
         }
         let _permit = self
@@ -835,14 +898,18 @@ impl PartitionLog {
             let mut st = self.state.borrow_mut();
             let mut total: i64 = st.segments.iter().map(|s| s.size as i64).sum();
             let mut n = 0;
-            while st.segments.len() - n > 1 {
+            while st.segments.len() - n > 1 && self.removable(&st, n) {
                 let seg = &st.segments[n];
                 let newest = seg.index.newest_timestamp().unwrap_or(i64::MIN);
-                let expired =
-                    cfg.retention_ms >= 0 && newest < now_ms.saturating_sub(cfg.retention_ms);
-                let oversized =
-                    cfg.retention_bytes >= 0 && total - seg.size as i64 >= cfg.retention_bytes;
-                if !(expired || oversized) {
+                let expired = retains
+                    && cfg.retention_ms >= 0
+                    && newest < now_ms.saturating_sub(cfg.retention_ms);
+                let oversized = retains
+                    && cfg.retention_bytes >= 0
+                    && total - seg.size as i64 >= cfg.retention_bytes;
+                // Left behind by DeleteRecords while its seal was pending.
+                let unreachable = st.segments[n + 1].base_offset <= st.log_start_offset;
+                if !(expired || oversized || unreachable) {
                     break;
                 }
                 total -= seg.size as i64;
@@ -1142,7 +1209,12 @@ impl PartitionLog {
             let new_start = offset.max(st.log_start_offset);
             st.log_start_offset = new_start;
             let mut removed = Vec::new();
-            while st.segments.len() > 1 && st.segments[1].base_offset <= new_start {
+            // A segment not yet removable stays on disk below the log start; a later
+            // retention pass removes it.
+            while st.segments.len() > 1
+                && st.segments[1].base_offset <= new_start
+                && self.removable(&st, 0)
+            {
                 removed.push(st.segments.remove(0));
             }
             (new_start, removed, st.epoch)
@@ -1476,6 +1548,14 @@ impl PartitionLog {
         // No manifest write: nothing in it changed, and a clean shutdown is recognised by the
         // active segment's saved index (deleted again on every open).
         Ok(())
+    }
+
+    /// Stops this handle from touching its directory again, without syncing or saving
+    /// anything: what a crash leaves behind. For tests that reopen a log in the same process,
+    /// so that background work still holding the old handle (a pending seal) stays out.
+    pub fn abandon(&self) {
+        self.closed.set(true);
+        self.write_lock.close();
     }
 
     /// Closes the log and removes its directory (DeleteTopics).

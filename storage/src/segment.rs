@@ -51,6 +51,7 @@ impl Segment {
         base_offset: i64,
         epoch: i32,
         index_interval_bytes: u64,
+        sync_name: bool,
     ) -> Result<Segment, StorageError> {
         let path = dir.join(segment_file_name(base_offset, epoch));
         let file = OpenOptions::new()
@@ -65,10 +66,13 @@ impl Segment {
         // directory fsync runs on the blocking-thread pool so that only this partition waits
         // for it: on the shard's thread, a thousand partitions rolling 4 MiB segments stalled
         // every request on the shard.
-        let d = dir.to_path_buf();
-        glommio::executor()
-            .spawn_blocking(move || sync_dir(&d))
-            .await?;
+        // The caller may leave that to a later syncfs of the filesystem (`sync_name` false).
+        if sync_name {
+            let d = dir.to_path_buf();
+            glommio::executor()
+                .spawn_blocking(move || sync_dir(&d))
+                .await?;
+        }
         Ok(Segment {
             base_offset,
             epoch,

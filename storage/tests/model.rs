@@ -223,6 +223,7 @@ fn run_seed(seed: u64) {
                     80..=89 => {
                         // Crash: the process dies without closing (written data stays in the
                         // page cache, as after SIGKILL).
+                        log.abandon();
                         drop(log);
                         log = open(&path).await;
                     }
@@ -234,6 +235,7 @@ fn run_seed(seed: u64) {
             }
             // The idempotence window survives reopen: a retry after a crash is still a duplicate.
             if let Some((bytes, base, last)) = &last_idempotent {
+                log.abandon();
                 drop(log);
                 let log = open(&path).await;
                 let hs = verify_produced_record_set(bytes).unwrap();

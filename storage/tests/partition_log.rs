@@ -452,7 +452,8 @@ fn raised_epoch_is_stored_with_the_first_write() {
         let out = log.append(&bytes, &headers, LeaderEpoch(2)).await.unwrap();
         log.wait_durable(out.end_offset()).await.unwrap();
         assert_eq!(out.end_offset(), 2);
-        drop(log); // a crash: no clean close
+        log.abandon(); // a crash: no clean close
+        drop(log);
         assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 2);
         let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
             .await
