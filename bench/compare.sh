@@ -208,7 +208,17 @@ fi
 
 # Before every measured run: write back what earlier runs left dirty in the page cache, so one
 # run's writeback does not land in the next run's fsyncs (which only kaas does on acks=all).
-settle() { sync; sleep 1; }
+# Before a run that writes (`settle write`), also drop the clean page cache when allowed (root):
+# otherwise whichever broker runs later finds memory full of the other's cached segments and
+# pays for reclaiming it on every page it writes — kaas alone wrote 688,000 msg/s at acks=1
+# where, after ~10 GB of both brokers' data, it wrote 316,000 in the same run as Kafka.
+settle() {
+    sync
+    if [[ "${1:-}" == write && -w /proc/sys/vm/drop_caches ]]; then
+        echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
+    fi
+    sleep 1
+}
 
 # ---- runners ------------------------------------------------------------------------------------
 # Each writes its raw output to $res/<workload>.<broker>.<tool>.{txt,json}; failures are
@@ -216,7 +226,7 @@ settle() { sync; sleep 1; }
 kb() { # WORKLOAD BROKER MODE kaas-bench-args... (later options override the defaults here)
     local w="$1" b="$2" mode="$3"; shift 3
     local base="$res/$w.$b.kb"
-    settle
+    if [[ "$mode" == consume ]]; then settle; else settle write; fi
     log "$w on $b: kaas-bench $mode $*"
     if ! timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
         --warmup "${warmup}s" --duration "${duration}s" --quiet --json "$base.json" "$@" \
@@ -234,7 +244,7 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     local w="$1" b="$2" topic="$3" acks="$4" records="$5" tput="$6" wrec="$7"
     local base="$res/$w.$b.pp"
     [[ -n "$records" && "$records" -gt 0 ]] || { log "$w on $b: ProducerPerformance skipped (no record count)"; return; }
-    settle
+    settle write
     log "$w on $b: ProducerPerformance acks=$acks records=$records throughput=$tput"
     timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
