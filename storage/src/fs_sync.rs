@@ -7,6 +7,11 @@
 //! written to each per round, then one `fdatasync` per file: 103–139 rounds/s (84–114 MB/s);
 //! then one `syncfs`: 520–726 rounds/s (426–595 MB/s).
 //!
+//! On NFS (cluster mode's shared volume) `syncfs` writes back every dirty page of the mount
+//! and, through `nfs_write_inode` with `WB_SYNC_ALL`, sends a COMMIT for each inode, so it gives
+//! the same guarantee as an fdatasync per file. Writeback errors reach it through the
+//! superblock's error sequence (Linux 5.8 and later).
+//!
 //! The price: `syncfs` also writes other programs' dirty data on the same filesystem, so a
 //! neighbour writing gigabytes delays acks=all. Put the data directory on its own volume, or
 //! choose [`SyncScope::File`].
