@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -730,8 +731,13 @@ def test_sigterm_drains_partitions_before_exit(make_cluster):
         # The draining broker hands its partitions over itself (it applies the files that take
         # them away and confirms), rather than being waited out like a dead broker; and the drain
         # ends when the partitions have moved, not when the drain timeout runs out.
-        assert relinquished_s is not None, (
-            f"broker {victim.id} still led partitions until it exited; its last /healthz: {last_health}")
+        # It leads nothing for only ~0.1 s before it exits, which a poll on a loaded machine can
+        # miss; its own log then shows the relinquish.
+        relinquish_logged = re.search(r"applied assignment.*relinquished=[1-9]",
+                                      victim.log_path.read_text(errors="replace"))
+        assert relinquished_s is not None or relinquish_logged, (
+            f"broker {victim.id} never relinquished its partitions before it exited; its last"
+            f" /healthz: {last_health}")
         assert exited_s < DRAIN_TIMEOUT_MS / 1000 - 5, (
             f"the broker exited {exited_s:.1f}s after SIGTERM although its partitions were gone from"
             f" assignment.json after {drained_seen_alive:.1f}s: the drain waited out --drain-timeout-ms"
