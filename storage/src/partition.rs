@@ -695,10 +695,11 @@ impl PartitionLog {
                 let Some(log) = log.upgrade() else {
                     return;
                 };
-                if let Err(e) = async { log.seal(&old_path, snapshot).await }
-                    .await
-                    .and(synced)
-                {
+                let sealed = match synced {
+                    Ok(()) => log.seal(&old_path, snapshot).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = sealed {
                     // Not fatal: a segment without its saved index is scanned and verified at
                     // the next open, and retention waits for a newer snapshot.
                     tracing::warn!(path = %old_path.display(), error = %e, "sealing a rolled segment failed");
