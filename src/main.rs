@@ -234,35 +234,6 @@ fn group_settings_help() -> String {
     out
 }
 
-/// The running kernel's release string (`uname -r`), empty if it cannot be read.
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// `syncfs` reports writeback errors only from Linux 5.8 on; before that it returns success
-/// even when data failed to reach the disk, so the filesystem scope falls back to an fdatasync
-/// per partition there (and when the release cannot be read).
-fn effective_sync_scope(asked: kaas_storage::SyncScope, release: &str) -> kaas_storage::SyncScope {
-    if asked != kaas_storage::SyncScope::Filesystem {
-        return asked;
-    }
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
-    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
-    match (major, minor) {
-        (Some(major), Some(minor)) if (major, minor) >= (5, 8) => asked,
-        _ => {
-            tracing::warn!(
-                kernel = release,
-                "syncfs does not report writeback errors before Linux 5.8: using --sync-scope file (an fdatasync per partition) instead"
-            );
-            kaas_storage::SyncScope::File
-        }
-    }
-}
-
 fn main() {
     // Large buffers (record copies on append, the zeros written ahead of active segments) are
     // allocated and freed all the time. glibc raises its mmap threshold after the first large
@@ -332,7 +303,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes as usize,
         io_memory_bytes: args.io_memory_bytes,
         retention_check_interval_ms: args.retention_check_interval_ms,
-        sync_scope: effective_sync_scope(args.sync_scope, &kernel_release()),
+        sync_scope: args.sync_scope,
     };
     uring_check::check(args.io_memory_bytes, shards)?;
     // Brokers of a cluster share the data directory: each locks its own id there instead.
@@ -452,28 +423,4 @@ fn run(args: Args) -> anyhow::Result<()> {
     runtime.join();
     tracing::info!("kaas stopped cleanly");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::effective_sync_scope;
-    use kaas_storage::SyncScope;
-
-    #[test]
-    fn the_filesystem_scope_needs_a_kernel_that_reports_syncfs_errors() {
-        let fs = SyncScope::Filesystem;
-        assert_eq!(effective_sync_scope(fs, "6.18.44-fc-v857"), fs);
-        assert_eq!(effective_sync_scope(fs, "5.8.0"), fs);
-        assert_eq!(effective_sync_scope(fs, "5.15.0-91-generic"), fs);
-        assert_eq!(
-            effective_sync_scope(fs, "5.4.0-150-generic"),
-            SyncScope::File
-        );
-        assert_eq!(effective_sync_scope(fs, "4.19.0"), SyncScope::File);
-        assert_eq!(effective_sync_scope(fs, ""), SyncScope::File);
-        assert_eq!(
-            effective_sync_scope(SyncScope::File, "6.18.0"),
-            SyncScope::File
-        );
-    }
 }

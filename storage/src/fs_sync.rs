@@ -10,7 +10,8 @@
 //! On NFS (cluster mode's shared volume) `syncfs` writes back every dirty page of the mount
 //! and, through `nfs_write_inode` with `WB_SYNC_ALL`, sends a COMMIT for each inode, so it gives
 //! the same guarantee as an fdatasync per file. Writeback errors reach it through the
-//! superblock's error sequence (Linux 5.8 and later).
+//! superblock's error sequence, which `syncfs` reports from Linux 5.8 on — the kernel kaas
+//! needs anyway (glommio's minimum).
 //!
 //! The price: `syncfs` also writes other programs' dirty data on the same filesystem, so a
 //! neighbour writing gigabytes delays acks=all. Put the data directory on its own volume, or

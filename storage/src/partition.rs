@@ -220,7 +220,6 @@ impl PartitionLog {
             table: ProducerStateTable::default(),
         });
         let replay_from = snapshot.offset;
-        let snapshot_stored = snapshot.offset;
         let mut producers = snapshot.table;
         let mut segments: Vec<Segment> = Vec::new();
         let mut cut = false;
@@ -327,7 +326,7 @@ impl PartitionLog {
             write_lock: Semaphore::new(1),
             fill_lock: Semaphore::new(1),
             filling: Cell::new(false),
-            snapshot_stored: Cell::new(snapshot_stored),
+            snapshot_stored: Cell::new(replay_from),
             seal_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),

@@ -62,11 +62,11 @@ impl Segment {
             .buffered_open(&path)
             .await
             .map_err(|e| StorageError::io("creating segment", &path, e))?;
-        // The new name must survive a crash before anything in the file is acknowledged. The
+        // The new name must survive a crash before anything in the file is acknowledged; the
+        // caller may leave that to a later syncfs of the filesystem (`sync_name` false). The
         // directory fsync runs on the blocking-thread pool so that only this partition waits
         // for it: on the shard's thread, a thousand partitions rolling 4 MiB segments stalled
         // every request on the shard.
-        // The caller may leave that to a later syncfs of the filesystem (`sync_name` false).
         if sync_name {
             let d = dir.to_path_buf();
             glommio::executor()
