@@ -15,6 +15,8 @@
 
 mod codec;
 mod compaction;
+pub mod divergence;
+pub mod epoch_cache;
 mod error;
 mod fs_sync;
 mod index;
@@ -72,6 +74,18 @@ pub fn stored_leader_epoch(dir: &std::path::Path) -> Result<i32, StorageError> {
         Err(e) => return Err(StorageError::io("listing", dir, e)),
     }
     Ok(epoch)
+}
+
+/// Whether every record of a produced batch has a key, as a compacted topic requires (Kafka
+/// answers INVALID_RECORD otherwise). A compressed batch is decompressed into `scratch`.
+/// Control batches need none; `None` when the records cannot be read at all.
+pub fn all_records_keyed(batch: &[u8], scratch: &mut Vec<u8>) -> Option<bool> {
+    let header = kaas_wire::batch::peek_header(batch).ok()?;
+    if header.is_control() {
+        return Some(true);
+    }
+    let records = compaction::records_in(batch, scratch)?;
+    Some(records.iter().all(|r| r.key.is_some()))
 }
 
 /// (offset, key as UTF-8) of each record of a data batch (decompressed if it is compressed),

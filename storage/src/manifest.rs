@@ -41,6 +41,22 @@ impl Manifest {
         }
     }
 
+    /// Replaces the manifest so that other processes see it at once (tmp + rename), without
+    /// waiting for the disk. A take-over claims its raised leader epoch this way before it
+    /// serves, so that a broker taking the partition over next picks a higher epoch even if no
+    /// write happened in between; durability is not needed for that (a power cut stops the
+    /// claimant as well), and the first write under the epoch stores the manifest durably.
+    pub fn store_visible(&self, dir: &Path) -> Result<(), StorageError> {
+        let target = path(dir);
+        let tmp = tmp_path(&target);
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(self).expect("manifest serializes"),
+        )
+        .map_err(|e| StorageError::io("writing", &tmp, e))?;
+        std::fs::rename(&tmp, &target).map_err(|e| StorageError::io("renaming into", &target, e))
+    }
+
     /// Durably replaces the manifest. Blocking: a manifest is small and written only on open,
     /// takeover, DeleteRecords and close, never per append.
     pub fn store(&self, dir: &Path) -> Result<(), StorageError> {
@@ -51,9 +67,15 @@ impl Manifest {
     }
 }
 
+/// A temporary name beside `target`, unique per process: in cluster mode two brokers (a
+/// deposed leader and its successor) may be replacing the same file at once.
+fn tmp_path(target: &Path) -> PathBuf {
+    target.with_extension(format!("tmp.{}", std::process::id()))
+}
+
 /// tmp + fsync + rename + fsync(dir): the file is either wholly old or wholly new after a crash.
 pub fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    let tmp = target.with_extension("tmp");
+    let tmp = tmp_path(target);
     let mut f = std::fs::File::create(&tmp).map_err(|e| StorageError::io("creating", &tmp, e))?;
     f.write_all(bytes)
         .map_err(|e| StorageError::io("writing", &tmp, e))?;

@@ -11,6 +11,7 @@ use glommio::sync::Semaphore;
 use kaas_wire::batch::{self, BatchHeader};
 
 use crate::compaction;
+use crate::divergence::{self, SegmentFate};
 use crate::fs_sync::SyncScope;
 use crate::index::{self, BatchEntry, BatchIndex};
 use crate::manifest::Manifest;
@@ -213,17 +214,50 @@ impl PartitionLog {
             }
         }
         names.sort();
+        // Two leaders may have written this directory (a deposed one after its last fence
+        // check): from a higher epoch's first offset on, only that epoch's data is the log.
+        let keys: Vec<(i64, i32)> = names.iter().map(|(b, e, _)| (*b, *e)).collect();
+        let fates = divergence::plan(&keys);
         // Producer state comes from the last snapshot plus the batches after it; without a
-        // snapshot every segment is replayed.
-        let snapshot = ProducerSnapshot::load(&dir).unwrap_or(ProducerSnapshot {
-            offset: i64::MIN,
-            table: ProducerStateTable::default(),
-        });
+        // snapshot (or with one that holds a deposed leader's superseded batches) every
+        // segment is replayed.
+        let snapshot = ProducerSnapshot::load(&dir)
+            .filter(|s| {
+                let epoch = s.epoch.unwrap_or_else(|| {
+                    // Written before snapshots carried their epoch: the epoch of the segment
+                    // they end in, which is what they were consistent with then.
+                    keys.iter()
+                        .filter(|(b, _)| *b < s.offset)
+                        .map(|(_, e)| *e)
+                        .max()
+                        .unwrap_or(i32::MAX)
+                });
+                let ok = divergence::snapshot_consistent(&keys, s.offset, epoch);
+                if !ok {
+                    tracing::warn!(dir = %dir.display(), offset = s.offset, epoch, "producer-state snapshot holds batches a newer leader epoch superseded; replaying the log instead");
+                }
+                ok
+            })
+            .unwrap_or(ProducerSnapshot {
+                offset: i64::MIN,
+                epoch: None,
+                table: ProducerStateTable::default(),
+            });
         let replay_from = snapshot.offset;
         let mut producers = snapshot.table;
         let mut segments: Vec<Segment> = Vec::new();
         let mut cut = false;
-        for (base, ep, path) in names {
+        for ((base, ep, path), fate) in names.into_iter().zip(fates) {
+            let end_before = match fate {
+                SegmentFate::Keep { end_before } => end_before,
+                SegmentFate::Remove => {
+                    tracing::warn!(path = %path.display(), "removing a segment a deposed leader wrote after a newer leader epoch began (never acknowledged)");
+                    std::fs::remove_file(&path)
+                        .map_err(|e| StorageError::io("removing segment", &path, e))?;
+                    let _ = std::fs::remove_file(index::file::path_for(&path));
+                    continue;
+                }
+            };
             if cut {
                 // Everything after a corrupt point is unreachable: offsets must be contiguous.
                 tracing::warn!(path = %path.display(), "removing segment that follows a truncated one");
@@ -241,22 +275,27 @@ impl PartitionLog {
             // The active segment's index exists only if it was written at a clean shutdown
             // after the last open (every open deletes it), and it must match the file's length.
             let saved = index::file::load(&path, len, config.index_interval_bytes);
-            let covered = |idx: &BatchIndex| idx.last().is_none_or(|e| e.last_offset < replay_from);
+            let covered = |idx: &BatchIndex| {
+                idx.last().is_none_or(|e| {
+                    e.last_offset < replay_from && end_before.is_none_or(|end| e.last_offset < end)
+                })
+            };
             match saved {
                 Some(idx) if covered(&idx) => {
                     segments.push(Segment::open_indexed(path, base, ep, idx).await?)
                 }
                 _ => {
-                    let (seg, truncated) = Segment::open_and_recover(
+                    let (seg, corrupt) = Segment::open_and_recover(
                         path,
                         base,
                         ep,
                         &mut producers,
                         replay_from,
                         config.index_interval_bytes,
+                        end_before,
                     )
                     .await?;
-                    cut = truncated;
+                    cut = corrupt;
                     segments.push(seg);
                 }
             }
@@ -292,19 +331,25 @@ impl PartitionLog {
                 .await?,
             );
         }
-        // Written only when something changed: an fsync per partition would make opening
-        // thousands of partitions take seconds. A raised epoch alone is not written here: a
-        // cluster take-over raises it for every partition it opens, and the epoch matters only
-        // once something is written under it — the first append rolls to a segment named by
-        // it and stores the manifest then (see `maybe_roll`). Until then the stored epoch
-        // (manifest and segment names) stays the previous leader's, which the next take-over
-        // again raises past.
+        // Written durably only when something changed: an fsync per partition would make
+        // opening thousands of partitions take seconds. A raised epoch alone (a cluster
+        // take-over raises it for every partition it opens) is only made visible, not synced;
+        // the first append under it rolls to a segment named by it and stores the manifest
+        // durably then (see `maybe_roll`).
         if !had_manifest || log_start_offset != manifest.log_start_offset {
             Manifest {
                 leader_epoch: epoch,
                 log_start_offset,
             }
             .store(&dir)?;
+        } else if epoch > stored_epoch {
+            // A take-over's raised epoch is claimed before anything is served, so that two
+            // brokers can never write under the same epoch (see `Manifest::store_visible`).
+            Manifest {
+                leader_epoch: epoch,
+                log_start_offset,
+            }
+            .store_visible(&dir)?;
         }
         let cleaner_checkpoint = load_cleaner_checkpoint(&dir);
         Ok(Rc::new(PartitionLog {
@@ -384,6 +429,18 @@ impl PartitionLog {
         headers: &[BatchHeader],
         epoch: LeaderEpoch,
     ) -> Result<AppendOutcome, StorageError> {
+        self.append_at(records, headers, epoch, None).await
+    }
+
+    /// [`Self::append`], stamping every batch with `log_append_time_ms` when given (a topic
+    /// with `message.timestamp.type=LogAppendTime`; see `batch::set_log_append_time`).
+    pub async fn append_at(
+        self: &Rc<Self>,
+        records: &[u8],
+        headers: &[BatchHeader],
+        epoch: LeaderEpoch,
+        log_append_time_ms: Option<i64>,
+    ) -> Result<AppendOutcome, StorageError> {
         let _permit = self
             .write_lock
             .acquire_permit(1)
@@ -440,12 +497,15 @@ impl PartitionLog {
             let len = h.total_len();
             batch::set_base_offset(&mut buf[at..], next);
             batch::set_partition_leader_epoch(&mut buf[at..], current);
+            if let Some(now) = log_append_time_ms {
+                batch::set_log_append_time(&mut buf[at..at + len], now);
+            }
             entries.push(BatchEntry {
                 base_offset: next,
                 last_offset: next + h.last_offset_delta as i64,
                 position: position + at as u64,
                 len: len as u32,
-                max_timestamp: h.max_timestamp,
+                max_timestamp: log_append_time_ms.unwrap_or(h.max_timestamp),
                 leader_epoch: current,
             });
             next += h.last_offset_delta as i64 + 1;
@@ -670,6 +730,7 @@ impl PartitionLog {
         self.trim_preallocation().await?;
         let snapshot = ProducerSnapshot {
             offset: next,
+            epoch: Some(self.state.borrow().epoch),
             table: self.state.borrow().producers.clone(),
         };
         let scope = self.config.borrow().sync_scope;
@@ -1164,29 +1225,15 @@ impl PartitionLog {
         Ok(None)
     }
 
-    /// OffsetForLeaderEpoch: the largest epoch ≤ `epoch` present in the log and the offset where
-    /// it ended (the start of the next epoch, or the log end offset for the current one).
+    /// OffsetForLeaderEpoch, with the semantics of Kafka's leader-epoch cache (see
+    /// [`crate::epoch_cache::end_offset_for`]): `(epoch, end offset)`, or `(-1, -1)`.
     pub fn end_offset_for_epoch(&self, epoch: i32) -> (i32, i64) {
         let st = self.state.borrow();
-        if epoch >= st.epoch {
-            return (st.epoch, st.log_end_offset);
-        }
-        let mut best: Option<i32> = None;
-        for seg in &st.segments {
-            for &(run_epoch, run_start) in seg.index.epochs() {
-                if run_epoch > epoch {
-                    return match best {
-                        Some(b) => (b, run_start),
-                        None => (-1, -1),
-                    };
-                }
-                best = Some(run_epoch);
-            }
-        }
-        match best {
-            Some(b) => (b, st.log_end_offset),
-            None => (-1, -1),
-        }
+        let runs = st
+            .segments
+            .iter()
+            .flat_map(|seg| seg.index.epochs().iter().copied());
+        crate::epoch_cache::end_offset_for(runs, st.epoch, st.log_end_offset, epoch)
     }
 
     /// DeleteRecords: moves the log start offset up to `offset` (never down, never past the
@@ -1522,6 +1569,10 @@ impl PartitionLog {
             (seg.file.clone(), seg.path.clone())
         };
         self.trim_preallocation().await?;
+        if !self.dir.exists() {
+            // The topic was deleted while the log was open: nothing left to make durable.
+            return Ok(());
+        }
         if self.config.borrow().sync_scope == SyncScope::File {
             file.fdatasync()
                 .await
@@ -1535,12 +1586,20 @@ impl PartitionLog {
             .acquire_permit(1)
             .await
             .map_err(|_| StorageError::Closed)?;
+        // Nothing to save over a newer leader's files (cluster mode: this broker was deposed
+        // and another one took the partition over at a higher epoch).
+        let epoch = self.state.borrow().epoch;
+        if crate::stored_leader_epoch(&self.dir).is_ok_and(|stored| stored > epoch) {
+            tracing::warn!(dir = %self.dir.display(), epoch, "not saving index and producer state on close: a newer leader epoch owns this partition");
+            return Ok(());
+        }
         let snapshot = {
             let st = self.state.borrow();
             let active = st.segments.last().expect("active segment");
             index::file::save(&active.path, &active.index);
             ProducerSnapshot {
                 offset: st.log_end_offset,
+                epoch: Some(st.epoch),
                 table: st.producers.clone(),
             }
         };

@@ -132,6 +132,11 @@ pub const SNAPSHOT_FILE: &str = "producer-state.json";
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ProducerSnapshot {
     pub offset: i64,
+    /// The leader epoch of the writer (absent in snapshots from before it was recorded): a
+    /// snapshot a deposed leader wrote over superseded batches is recognised by it (see
+    /// `crate::divergence::snapshot_consistent`).
+    #[serde(default)]
+    pub epoch: Option<i32>,
     pub table: ProducerStateTable,
 }
 
@@ -145,7 +150,9 @@ impl ProducerSnapshot {
     /// lacks and scans them, so a missing snapshot costs time, never correctness.
     pub fn store(&self, dir: &std::path::Path) -> Result<(), StorageError> {
         let path = dir.join(SNAPSHOT_FILE);
-        let tmp = path.with_extension("tmp");
+        // Unique per writer: in cluster mode a deposed leader and its successor may both be
+        // saving a snapshot of the same directory (one shard per partition in each process).
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
         std::fs::write(&tmp, serde_json::to_vec(self).expect("snapshot serializes"))
             .map_err(|e| StorageError::io("writing", &tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("renaming into", &path, e))

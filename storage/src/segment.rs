@@ -54,11 +54,13 @@ impl Segment {
         sync_name: bool,
     ) -> Result<Segment, StorageError> {
         let path = dir.join(segment_file_name(base_offset, epoch));
+        // Never over an existing file: in cluster mode that name may be another leader's
+        // segment (two brokers that picked the same epoch), and truncating it would destroy
+        // acknowledged writes. The second creator's append fails instead.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .buffered_open(&path)
             .await
             .map_err(|e| StorageError::io("creating segment", &path, e))?;
@@ -91,6 +93,10 @@ impl Segment {
     /// that is not part of a valid batch (a torn write from a crash), and `truncated` tells
     /// whether that happened. Only batches at or after `replay_from` are recorded into
     /// `producers` (the producer snapshot already reflects the ones before).
+    ///
+    /// Batches at or after `end_before` were superseded by a newer leader epoch (see
+    /// `crate::divergence`) and are cut too, without counting as corruption: the segment that
+    /// supersedes them follows.
     pub async fn open_and_recover(
         path: PathBuf,
         base_offset: i64,
@@ -98,6 +104,7 @@ impl Segment {
         producers: &mut ProducerStateTable,
         replay_from: i64,
         index_interval_bytes: u64,
+        end_before: Option<i64>,
     ) -> Result<(Segment, bool), StorageError> {
         let file = OpenOptions::new()
             .read(true)
@@ -112,6 +119,7 @@ impl Segment {
         let mut index = BatchIndex::new(base_offset, index_interval_bytes);
         let mut next_offset = base_offset;
         let mut pos: u64 = 0;
+        let mut superseded = false;
         'scan: while pos < file_len {
             let chunk = file
                 .read_at(pos, ((file_len - pos) as usize).min(SCAN_CHUNK_BYTES))
@@ -150,6 +158,10 @@ impl Segment {
                 if h.base_offset < next_offset {
                     break 'scan; // offsets only grow; anything else is garbage
                 }
+                if end_before.is_some_and(|end| h.last_offset() >= end) {
+                    superseded = true;
+                    break 'scan;
+                }
                 index.push(BatchEntry {
                     base_offset: h.base_offset,
                     last_offset: h.last_offset(),
@@ -172,7 +184,9 @@ impl Segment {
         let valid = index.last().map(|e| e.end_position()).unwrap_or(0);
         let truncated = valid < file_len;
         if truncated {
-            if tail_is_zeros(&file, valid, file_len).await {
+            if superseded {
+                tracing::warn!(path = %path.display(), valid_bytes = valid, file_bytes = file_len, end_before = end_before.unwrap_or(-1), "cutting a deposed leader's batches that a newer leader epoch superseded (never acknowledged)");
+            } else if tail_is_zeros(&file, valid, file_len).await {
                 // Zeros written ahead of the data (preallocation) after an unclean stop.
                 tracing::debug!(path = %path.display(), valid_bytes = valid, file_bytes = file_len, "dropping preallocated space after the last batch");
             } else {
@@ -197,7 +211,7 @@ impl Segment {
                 map: Default::default(),
                 allocated: std::cell::Cell::new(valid),
             },
-            truncated,
+            truncated && !superseded,
         ))
     }
 

@@ -434,14 +434,16 @@ fn raised_epoch_is_stored_with_the_first_write() {
         drop(log);
         assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 0);
 
-        // Opened at epoch 1, nothing written: the stored epoch stays 0.
+        // Opened at epoch 1, nothing written: the raised epoch is claimed at once, so that the
+        // next take-over (another broker) picks a higher one and two leaders never share one.
         let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(1))
             .await
             .unwrap();
         assert_eq!(log.leader_epoch(), LeaderEpoch(1));
+        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 1);
         log.close().await.unwrap();
         drop(log);
-        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 0);
+        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 1);
 
         // Opened at epoch 2 and written: stored, in a new segment, and kept by a plain reopen.
         let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(2))
@@ -519,4 +521,80 @@ fn group_commit_serves_many_partitions_in_both_scopes() {
             }
         });
     }
+}
+
+// Two leaders on one directory (a deposed broker writing after its last fence check): the
+// newer epoch's data wins from its first offset on, the stale tail and the stale roll are
+// dropped at the next open, and no two batches ever claim the same offset.
+#[test]
+fn a_deposed_leaders_late_writes_never_claim_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let small = LogConfig {
+            segment_bytes: 200,
+            ..LogConfig::default()
+        };
+        let old = PartitionLog::open(path.clone(), small.clone(), LeaderEpoch(1))
+            .await
+            .unwrap();
+        for v in [b"a0", b"a1", b"a2"] {
+            append_at(&old, &batch(BatchSpec::default(), &[v]), 1).await;
+        }
+        // The take-over: recovers offsets 0-2 and claims epoch 2 before serving.
+        let new = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(2))
+            .await
+            .unwrap();
+        assert_eq!(new.log_end_offset(), 3);
+        assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 2);
+        append_at(&new, &batch(BatchSpec::default(), &[b"b3"]), 2).await;
+        // The deposed leader wakes up: its writes land at offsets 3, 4, ... of its own files,
+        // rolling into a new epoch-1 segment past the new leader's base (never acknowledged:
+        // its fence is closed; here only the files matter).
+        for v in [b"stale3", b"stale4", b"stale5", b"stale6"] {
+            append_at(&old, &batch(BatchSpec::default(), &[v]), 1).await;
+        }
+        old.close().await.unwrap();
+        drop(old);
+        append_at(&new, &batch(BatchSpec::default(), &[b"b4"]), 2).await;
+        new.close().await.unwrap();
+        drop(new);
+
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        assert_eq!(log.log_end_offset(), 5);
+        // Reads return one segment's batches at a time: read on to the end.
+        let (mut offsets, mut all) = (Vec::<i64>::new(), Vec::new());
+        while offsets.last().map_or(0, |o| o + 1) < log.log_end_offset() {
+            let from = offsets.last().map_or(0, |o| o + 1);
+            let r = log.read(from, 1 << 20).await.unwrap();
+            let hs = verify_produced_record_set(&r.records).unwrap();
+            offsets.extend(hs.iter().map(|h| h.base_offset));
+            all.extend_from_slice(&r.records);
+        }
+        assert_eq!(
+            offsets,
+            vec![0, 1, 2, 3, 4],
+            "one batch per offset, in order"
+        );
+        let text = String::from_utf8_lossy(&all);
+        assert!(
+            !text.contains("stale"),
+            "a deposed leader's batch is readable"
+        );
+        assert!(text.contains("b3") && text.contains("b4"));
+        assert_eq!(log.end_offset_for_epoch(1), (1, 3));
+        assert_eq!(log.end_offset_for_epoch(2), (2, 5));
+    });
+}
+
+async fn append_at(log: &Rc<PartitionLog>, bytes: &[u8], epoch: i32) -> AppendOutcome {
+    let headers = verify_produced_record_set(bytes).unwrap();
+    let out = log
+        .append(bytes, &headers, LeaderEpoch(epoch))
+        .await
+        .unwrap();
+    log.wait_durable(out.end_offset()).await.unwrap();
+    out
 }

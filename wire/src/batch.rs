@@ -189,8 +189,26 @@ pub fn set_partition_leader_epoch(bytes: &mut [u8], epoch: i32) {
         .copy_from_slice(&epoch.to_be_bytes());
 }
 
-/// Recomputes and stores the CRC of the batch at the start of `bytes` (used by tests and by
-/// tools that build batches, never on the produce path).
+/// The timestamp-type attribute bit: set, every record's timestamp is the batch's max
+/// timestamp, which the broker set when it appended the batch (LogAppendTime).
+pub const LOG_APPEND_TIME_FLAG: i16 = 0x08;
+const MAX_TIMESTAMP_OFFSET: usize = 35;
+
+/// Stamps the batch at the start of `bytes` with the broker's append time, as Kafka does for a
+/// topic with `message.timestamp.type=LogAppendTime`: the timestamp-type bit and the max
+/// timestamp are set and the CRC is recomputed (it covers the attributes onward). Records are
+/// not touched, so a compressed batch needs no recompression. `bytes` must hold the whole
+/// verified batch.
+pub fn set_log_append_time(bytes: &mut [u8], now_ms: i64) {
+    let attributes = i16::from_be_bytes([bytes[ATTRIBUTES_OFFSET], bytes[ATTRIBUTES_OFFSET + 1]]);
+    bytes[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2]
+        .copy_from_slice(&(attributes | LOG_APPEND_TIME_FLAG).to_be_bytes());
+    bytes[MAX_TIMESTAMP_OFFSET..MAX_TIMESTAMP_OFFSET + 8].copy_from_slice(&now_ms.to_be_bytes());
+    seal_crc(bytes);
+}
+
+/// Recomputes and stores the CRC of the batch at the start of `bytes` (tools that build
+/// batches, and LogAppendTime stamping).
 pub fn seal_crc(bytes: &mut [u8]) {
     let len = LOG_OVERHEAD + i32_at(bytes, 8) as usize;
     let crc = crc32c::crc32c(&bytes[ATTRIBUTES_OFFSET..len]);
@@ -307,6 +325,24 @@ mod tests {
         assert_eq!(h.producer_id, 42);
         assert_eq!(h.last_sequence(), 6);
         assert_eq!(h.total_len(), b.len());
+    }
+
+    // LogAppendTime stamping sets the type bit and max timestamp and leaves a valid CRC.
+    #[test]
+    fn log_append_time_stamp_verifies() {
+        let mut b = build_batch(
+            BatchSpec {
+                timestamp: 5,
+                attributes: 2, // snappy bit: left as it is
+                ..BatchSpec::default()
+            },
+            &[(None, Some(b"x"))],
+        );
+        set_log_append_time(&mut b, 1_700_000_000_000);
+        let h = verify_batch(&b).unwrap();
+        assert_eq!(h.max_timestamp, 1_700_000_000_000);
+        assert_eq!(h.attributes, 2 | LOG_APPEND_TIME_FLAG);
+        assert_eq!(h.base_timestamp, 5);
     }
 
     // Rewriting the base offset and leader epoch keeps the CRC valid (they are outside it).
