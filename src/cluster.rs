@@ -80,6 +80,20 @@ impl ClusterConfig {
         format!("{}@{}", self.broker_id, self.heartbeat_advertised)
     }
 
+    /// How long a Lease record must have stayed unchanged, as this broker saw it, before a read
+    /// of it may keep this broker's write fence open: the holder's renew deadline plus its
+    /// longest Lease write (a renewal in flight may still land and extend the holder's term)
+    /// plus the handover margin for clock-rate drift. Past that the holder provably does not
+    /// act as controller, so it cannot be moving this broker's partitions away on the strength
+    /// of a silence that the reads are covering.
+    fn stale_lease_after(&self) -> Duration {
+        Duration::from_millis(self.election.renew_deadline_ms + self.election.retry_period_ms)
+            + self
+                .timing
+                .release_after
+                .saturating_sub(self.timing.broker_fence)
+    }
+
     /// The election's guaranteed gap between a holder's deadline and a successor's start.
     fn election_gap(&self) -> Duration {
         Duration::from_millis(
@@ -194,9 +208,11 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
     }
 
     // The controller's address follows the Lease holder. A Lease read showing the
-    // controller that last acknowledged us still holding the Lease keeps our write fence open
-    // (see kaas_control::handover), so the cluster stays writable while a dead controller's
-    // Lease runs out.
+    // controller that last acknowledged us still holding a Lease it stopped renewing keeps our
+    // write fence open (see kaas_control::handover), so the cluster stays writable while a
+    // dead controller's Lease runs out. A holder that still renews is alive: if we cannot
+    // reach it, it may be moving our partitions away by our silence, so reads of a record it
+    // keeps renewing extend nothing.
     let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
     let acked_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let previous_holder = Arc::new(std::sync::Mutex::new(None::<i32>));
@@ -205,10 +221,11 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         let lease_epoch = lease_epoch.clone();
         let acked_epoch = acked_epoch.clone();
         let previous_holder = previous_holder.clone();
-        let (view, fence, me) = (
+        let (view, fence, me, stale_after) = (
             shards.view.clone(),
             config.timing.broker_fence,
             config.broker_id,
+            config.stale_lease_after(),
         );
         tokio::spawn(async move {
             loop {
@@ -221,8 +238,12 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                         *previous_holder.lock().expect("previous holder lock") = Some(*id);
                         let acked = acked_epoch.load(std::sync::atomic::Ordering::Acquire);
                         if acked != 0 && acked == l.epoch {
-                            if let Some(read_started) = l.observed_at {
-                                view.extend_fence((read_started + fence).into_std());
+                            if let (Some(read_started), Some(seen_since)) =
+                                (l.observed_at, l.record_seen_since)
+                            {
+                                if read_started >= seen_since + stale_after {
+                                    view.extend_fence((read_started + fence).into_std());
+                                }
                             }
                         }
                     }
@@ -532,6 +553,24 @@ async fn send_to_shards(
     failed
 }
 
+/// The brokers that may still serve a partition in `prev` (its leader, or the `from` of a
+/// move in flight) and may not in `next`.
+fn lost_leadership(prev: &Assignment, next: &Assignment) -> BTreeSet<BrokerId> {
+    let holders = |a: &Assignment| -> BTreeSet<(TopicPartition, BrokerId)> {
+        a.partitions
+            .iter()
+            .map(|(tp, b)| (tp.clone(), *b))
+            .chain(a.pending.iter().map(|m| (m.tp(), m.from)))
+            .collect()
+    };
+    let kept = holders(next);
+    holders(prev)
+        .into_iter()
+        .filter(|h| !kept.contains(h))
+        .map(|(_, b)| b)
+        .collect()
+}
+
 /// While this broker holds the Lease: serve heartbeats and keep `assignment.json` current.
 async fn controller_loop(
     config: Arc<ClusterConfig>,
@@ -773,6 +812,14 @@ async fn recompute(
     // write (and if the write itself is what got paused, followers fence it by epoch).
     if !leadership.borrow().leads_now() {
         anyhow::bail!("lost the Lease before writing");
+    }
+    // A broker that loses a partition in this file is not acknowledged again until it has
+    // applied it: an acknowledgement would otherwise reopen its write fence for partitions it
+    // still serves from an older file (see kaas_control::heartbeat::AckFloor).
+    if let Some(prev) = &previous {
+        for broker in lost_leadership(prev, &next) {
+            server.require_applied(broker, (epoch, version));
+        }
     }
     let moved: usize = next
         .partitions

@@ -19,11 +19,20 @@
 //!    open. Two things open it, each for `F` = [`Timing::broker_fence`]:
 //!    - **an acknowledgement**: A *sent* a status that a controller acknowledged (a PING
 //!      carrying that status's sequence). A controller acknowledges only while its Lease is
-//!      valid at the moment of sending (`Leadership::leads_now`);
+//!      valid at the moment of sending (`Leadership::leads_now`), and only a status reporting
+//!      that A applied every file that took a partition from A (`heartbeat::AckFloor`): the
+//!      fence covers whatever A serves, and A serves what the last file *it applied* says, so
+//!      an acknowledgement of a broker still on an older file would reopen its fence for
+//!      partitions that already have a new leader (a controller resumed from SIGSTOP did this);
 //!    - **a Lease read**: a read of the Lease that *started* at `r` and shows the holder (and
-//!      epoch) of the controller that last acknowledged A, A not being that holder itself. This
-//!      keeps the cluster writable while a dead controller's Lease runs out, instead of every
-//!      broker stalling until a successor is elected.
+//!      epoch) of the controller that last acknowledged A, A not being that holder itself,
+//!      **in a record that A has seen unchanged for longer than the holder's renew deadline
+//!      plus its longest Lease write plus the margin**. This keeps the cluster writable while a
+//!      dead controller's Lease runs out, instead of every broker stalling until a successor is
+//!      elected. The staleness is what makes it safe: a holder that still renews may be alive
+//!      and judging A silent (A may just not reach it), and a record unchanged that long proves
+//!      its holder is past its renew deadline — not acting as controller — at `r`. When it
+//!      acts again it has re-acquired, after `r`, so it counts A's silence from then on.
 //!
 //!    Let this controller have taken the Lease at `s` (its takeover write landed by then), and
 //!    let `t` be the arrival here of the last status received from A. Any acknowledged status of

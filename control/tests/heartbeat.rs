@@ -322,6 +322,7 @@ async fn statuses_are_acknowledged_only_while_the_lease_is_valid() {
         epoch: 3,
         leader_until: Some(tokio::time::Instant::now() + Duration::from_secs(60)),
         observed_at: None,
+        record_seen_since: None,
     });
     let config = ServerConfig {
         leadership: Some(leadership),
@@ -329,6 +330,19 @@ async fn statuses_are_acknowledged_only_while_the_lease_is_valid() {
     };
     let server = start_server_with("127.0.0.1:0", config, 3).await;
     let mut broker = start_broker_at(0, server.addr);
+    // A broker still on a file of an older controller is not acknowledged (AckFloor).
+    broker.status.send_modify(|s| {
+        s.applied_controller_epoch = 2;
+        s.applied_assignment_version = 40;
+    });
+    expect_no_ack(&mut broker, "a broker on an older controller's file").await;
+    let set_applied = |broker: &Broker, version: u64| {
+        broker.status.send_modify(|s| {
+            s.applied_controller_epoch = 3;
+            s.applied_assignment_version = version;
+        })
+    };
+    set_applied(&broker, 1);
     let before = tokio::time::Instant::now();
     let ack = wait_event(&mut broker.events, "an acknowledgement", |e| {
         matches!(
@@ -349,6 +363,30 @@ async fn statuses_are_acknowledged_only_while_the_lease_is_valid() {
     };
     assert!(sent >= before && sent <= tokio::time::Instant::now());
 
+    // File 3/5 takes a partition from broker 0: no acknowledgement until it applied 3/5.
+    server.server.require_applied(BrokerId(0), (3, 5));
+    set_applied(&broker, 4);
+    expect_no_ack(
+        &mut broker,
+        "a broker that has not applied the file that moved its partitions",
+    )
+    .await;
+    set_applied(&broker, 5);
+    wait_event(
+        &mut broker.events,
+        "an acknowledgement after applying",
+        |e| {
+            matches!(
+                e,
+                ControllerEvent::Ping {
+                    acked_sent_at: Some(_),
+                    ..
+                }
+            )
+        },
+    )
+    .await;
+
     // The deadline passes (as after a pause): plain PINGs may still go out, acks may not.
     leadership_tx.send_modify(|l| l.leader_until = Some(tokio::time::Instant::now()));
     while broker.events.try_recv().is_ok() {}
@@ -363,4 +401,23 @@ async fn statuses_are_acknowledged_only_while_the_lease_is_valid() {
     assert!(pings > 0, "the stream stayed up and pinged");
     broker.task.abort();
     server.stop().await;
+}
+
+/// Waits 1.5 s (past a status interval) and asserts that no PING acknowledged a status sent
+/// after the wait began.
+async fn expect_no_ack(broker: &mut Broker, what: &str) {
+    // Statuses already in flight (or acknowledged) before the change may still be acked.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while broker.events.try_recv().is_ok() {}
+    let from = tokio::time::Instant::now();
+    let deadline = from + Duration::from_millis(1_500);
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, broker.events.recv()).await {
+        if let ControllerEvent::Ping {
+            acked_sent_at: Some(sent),
+            ..
+        } = event
+        {
+            assert!(sent < from, "{what} was acknowledged");
+        }
+    }
 }

@@ -30,6 +30,48 @@ use crate::balancer::{AliveBrokers, BrokerId};
 pub use client::{ClientConfig, ControllerEvent, HeartbeatClient, LocalStatus};
 pub use server::{HeartbeatServer, ServerConfig};
 
+/// Which statuses the controller may acknowledge: only those whose broker has applied every
+/// file that took a partition from it.
+///
+/// An acknowledgement opens the broker's write fence for every partition the broker serves,
+/// and a broker serves what the last file *it applied* says. A broker that was silent (paused,
+/// cut off) had its partitions moved by time, not by its confirmation; when it comes back and
+/// reports a status saying it still applies an older file, acknowledging that status would let
+/// it acknowledge writes for partitions that now have another leader — exactly what a deposed
+/// controller resumed from SIGSTOP did. So the controller refuses to acknowledge a broker until
+/// its status reports a file at least as new as the newest one that took something from it (and,
+/// after an election, one written by this controller at all). Pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AckFloor {
+    /// Every broker must have applied a file newer than this `(controller_epoch,
+    /// assignment_version)`; `None` acknowledges any (tests of the stream alone).
+    all: Option<(u64, u64)>,
+    /// Brokers that lost partitions: the file that took them.
+    per_broker: BTreeMap<BrokerId, (u64, u64)>,
+}
+
+impl AckFloor {
+    /// No status is acknowledged before the broker applied a file of `controller_epoch`.
+    pub fn for_epoch(controller_epoch: u64) -> Self {
+        Self {
+            all: Some((controller_epoch, 0)),
+            per_broker: BTreeMap::new(),
+        }
+    }
+
+    /// `broker` lost a partition in the file `key`: it is acknowledged again once it applied it.
+    pub fn raise(&mut self, broker: BrokerId, key: (u64, u64)) {
+        let floor = self.per_broker.entry(broker).or_default();
+        *floor = (*floor).max(key);
+    }
+
+    /// Whether a status from `broker` reporting the file `applied` may be acknowledged.
+    pub fn allows(&self, broker: BrokerId, applied: (u64, u64)) -> bool {
+        self.all.is_none_or(|all| applied > all)
+            && self.per_broker.get(&broker).is_none_or(|f| applied >= *f)
+    }
+}
+
 /// The last status received from one broker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusRecord {
@@ -205,6 +247,27 @@ mod tests {
             sequence: seq,
             ..Default::default()
         }
+    }
+
+    // A broker that lost partitions by time is acknowledged again only once it applied the
+    // file that moved them; after an election, only once it applied a file of the new epoch.
+    #[test]
+    fn ack_floor_waits_for_the_file_that_took_partitions() {
+        let mut floor = AckFloor::for_epoch(8);
+        assert!(
+            !floor.allows(BrokerId(1), (7, 40)),
+            "a file of the old epoch"
+        );
+        assert!(floor.allows(BrokerId(1), (8, 1)));
+        floor.raise(BrokerId(1), (8, 5));
+        floor.raise(BrokerId(1), (8, 3));
+        assert!(!floor.allows(BrokerId(1), (8, 4)));
+        assert!(floor.allows(BrokerId(1), (8, 5)));
+        assert!(
+            floor.allows(BrokerId(2), (8, 2)),
+            "other brokers are not held back"
+        );
+        assert!(AckFloor::default().allows(BrokerId(1), (0, 0)));
     }
 
     // Only healthy, non-draining brokers seen within the timeout are alive; the pin always is.

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::BrokerRegistry;
+use super::{AckFloor, BrokerRegistry};
 use crate::assignment::BrokerEntry;
 use crate::balancer::{AliveBrokers, BrokerId};
 use crate::lease::Leadership;
@@ -61,6 +61,8 @@ struct Shared {
     /// when it changes, and a newly connected stream gets it at once.
     announced: watch::Sender<Option<(u64, u64)>>,
     next_stream: AtomicU64,
+    /// Which statuses may be acknowledged (see [`AckFloor`]).
+    ack_floor: Mutex<AckFloor>,
     /// Set when [`HeartbeatServer::serve`]'s shutdown fires: every stream task ends, so the
     /// graceful shutdown (which waits for open streams) completes and brokers re-dial at once.
     closing: watch::Sender<bool>,
@@ -82,6 +84,13 @@ impl Shared {
     fn record(&self, stream: u64, status: BrokerStatus) -> Option<ControllerMessage> {
         let now = Instant::now();
         let sequence = status.sequence;
+        let floor_ok = self.ack_floor.lock().expect("ack floor lock").allows(
+            BrokerId(status.broker_id),
+            (
+                status.applied_controller_epoch,
+                status.applied_assignment_version,
+            ),
+        );
         let recorded = self
             .registry
             .lock()
@@ -91,11 +100,12 @@ impl Shared {
             return None;
         }
         self.refresh(now);
-        let may_ack = self
-            .config
-            .leadership
-            .as_ref()
-            .is_none_or(|l| l.borrow().leads_now());
+        let may_ack = floor_ok
+            && self
+                .config
+                .leadership
+                .as_ref()
+                .is_none_or(|l| l.borrow().leads_now());
         may_ack.then(|| self.ping(sequence))
     }
 
@@ -120,6 +130,8 @@ impl HeartbeatServer {
     pub fn new(config: ServerConfig, controller_epoch: u64) -> Self {
         let initial =
             BrokerRegistry::new(config.pinned.clone()).alive(Instant::now(), config.alive_timeout);
+        // Tests of the stream alone (no Lease view) acknowledge every status.
+        let config_acks_all = config.leadership.is_none();
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::new(BrokerRegistry::new(config.pinned.clone())),
@@ -128,6 +140,11 @@ impl HeartbeatServer {
                 controller_epoch: AtomicU64::new(controller_epoch),
                 announced: watch::channel(None).0,
                 next_stream: AtomicU64::new(1),
+                ack_floor: Mutex::new(if config_acks_all {
+                    AckFloor::default()
+                } else {
+                    AckFloor::for_epoch(controller_epoch)
+                }),
                 closing: watch::channel(false).0,
             }),
         }
@@ -155,6 +172,16 @@ impl HeartbeatServer {
             .lock()
             .expect("registry lock")
             .broker_rows(previous, Instant::now(), self.shared.config.alive_timeout)
+    }
+
+    /// `broker` lost a partition in the file `key` (about to be written): its statuses are not
+    /// acknowledged again until it reports having applied that file (see [`AckFloor`]).
+    pub fn require_applied(&self, broker: BrokerId, key: (u64, u64)) {
+        self.shared
+            .ack_floor
+            .lock()
+            .expect("ack floor lock")
+            .raise(broker, key);
     }
 
     /// Sets the epoch carried by PING and ASSIGNMENT_CHANGED (after a Lease renewal reports a
