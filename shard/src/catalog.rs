@@ -292,7 +292,7 @@ impl Catalog {
         }
         if replication_factor != 1 && replication_factor != -1 {
             return Err(CatalogError::InvalidReplicationFactor(format!(
-                "Replication factor: {replication_factor} larger than available brokers: 1. kaas stores one copy on its (shared) data volume; use replication factor 1 or -1."
+                "Replication factor {replication_factor} is not supported: kaas keeps exactly one copy of each partition, on its data volume (in cluster mode every broker shares that volume, so leadership moves without copying data, and acks=all waits for fsync). Use replication factor 1 or -1; for more copies, replicate the volume."
             )));
         }
         for (k, v) in configs {

@@ -1,9 +1,16 @@
 //! One client connection: read frames, dispatch, write responses in request order.
 //!
-//! Requests are pipelined: the reader keeps reading while earlier requests are served; each
-//! request runs as its own task and the writer awaits those tasks in arrival order, so
-//! responses leave in request order however the work is spread over shards. At most
-//! [`MAX_IN_FLIGHT`] requests per connection are in progress; beyond that the reader waits.
+//! A connection's requests take effect in the order they arrived, as Kafka's network layer
+//! guarantees by handling one request per connection at a time: librdkafka's default producer
+//! (no idempotence, a deep in-flight window) and Java producers with `max.in.flight > 1` rely
+//! on it for per-partition order, and idempotent producers rely on it to avoid
+//! OUT_OF_ORDER_SEQUENCE_NUMBER. So a request is dispatched only after the previous one's
+//! *effects* are done ([`EffectGate`]): for almost every API that is when its handler returns;
+//! an acks=all Produce opens the gate once its appends have completed, so the wait for the
+//! group-commit sync — which nobody can observe except through the response — overlaps with
+//! the next requests. Responses leave in request order: each request runs as its own task and
+//! the writer awaits those tasks in arrival order. At most [`MAX_IN_FLIGHT`] requests per
+//! connection are in progress; beyond that the reader waits.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -19,7 +26,7 @@ use kaas_wire::fetch_frame::ResponseFrame;
 use kaas_wire::frame::{frame_len, FRAME_PREFIX_LEN};
 use kaas_wire::WireError;
 
-use crate::handlers;
+use crate::handlers::{self, EffectGate};
 use crate::shard::Shard;
 
 /// Requests per connection being served at once.
@@ -94,6 +101,9 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     tx: &local_channel::LocalSender<Task<Option<ResponseFrame>>>,
 ) -> Result<(), Close> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    // Resolves when the previous request's effects are done (see the module docs). Reading
+    // the next frame meanwhile is unobservable; dispatching it is not.
+    let mut previous_effects: Option<futures::channel::oneshot::Receiver<()>> = None;
     loop {
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
         match reader.read_exact(&mut prefix).await {
@@ -116,14 +126,21 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
             .probe
             .bytes_in
             .fetch_add((len + FRAME_PREFIX_LEN) as u64, Ordering::Relaxed);
-        let task = match decode_request(body.into_bytes()) {
+        let decoded = decode_request(body.into_bytes());
+        if let Some(effects) = previous_effects.take() {
+            // Dropped or fired: both mean the previous request can no longer be overtaken.
+            let _ = effects.await;
+        }
+        let task = match decoded {
             Ok(request) => {
                 shard.probe.count_request(request.api_key as i16);
                 let shard = shard.clone();
+                let (gate, effects) = EffectGate::new();
+                previous_effects = Some(effects);
                 glommio::spawn_local(async move {
                     let started = Instant::now();
                     let api_key = request.api_key;
-                    let response = handlers::handle(&shard, request).await;
+                    let response = handlers::handle(&shard, request, gate).await;
                     if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Produce {
                         shard
                             .probe

@@ -158,6 +158,160 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         one_of: &[],
         min: 0,
     },
+    // Kafka's other topic configs: accepted so that every tool and client that sets them
+    // works, documented as having no effect (DescribeConfigs shows the doc).
+    ConfigDef {
+        name: "compression.gzip.level",
+        default: "-1",
+        kind: ConfigType::Int,
+        doc: "Accepted, no effect: kaas stores batches as the producer compressed them",
+        one_of: &[],
+        min: -1,
+    },
+    ConfigDef {
+        name: "compression.lz4.level",
+        default: "9",
+        kind: ConfigType::Int,
+        doc: "Accepted, no effect: kaas stores batches as the producer compressed them",
+        one_of: &[],
+        min: 1,
+    },
+    ConfigDef {
+        name: "compression.zstd.level",
+        default: "3",
+        kind: ConfigType::Int,
+        doc: "Accepted, no effect: kaas stores batches as the producer compressed them",
+        one_of: &[],
+        min: -131072,
+    },
+    ConfigDef {
+        name: "file.delete.delay.ms",
+        default: "60000",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas unlinks deleted segments at once (open fetches keep their mapping)",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "follower.replication.throttled.replicas",
+        default: "",
+        kind: ConfigType::List,
+        doc: "Accepted, no effect: kaas keeps one copy on a shared volume, there are no followers",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "leader.replication.throttled.replicas",
+        default: "",
+        kind: ConfigType::List,
+        doc: "Accepted, no effect: kaas keeps one copy on a shared volume, there are no followers",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "local.retention.bytes",
+        default: "-2",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: -2,
+    },
+    ConfigDef {
+        name: "local.retention.ms",
+        default: "-2",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: -2,
+    },
+    ConfigDef {
+        name: "max.compaction.lag.ms",
+        default: "9223372036854775807",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: compaction runs on the dirty ratio and min.compaction.lag.ms",
+        one_of: &[],
+        min: 1,
+    },
+    ConfigDef {
+        name: "message.downconversion.enable",
+        default: "true",
+        kind: ConfigType::Boolean,
+        doc: "Accepted, no effect: kaas serves record batches (magic 2) only",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "message.timestamp.after.max.ms",
+        default: "9223372036854775807",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas does not refuse records by timestamp",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "message.timestamp.before.max.ms",
+        default: "9223372036854775807",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas does not refuse records by timestamp",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "message.timestamp.difference.max.ms",
+        default: "9223372036854775807",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas does not refuse records by timestamp",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "preallocate",
+        default: "false",
+        kind: ConfigType::Boolean,
+        doc: "Accepted, no effect: --sync-scope decides how segments are preallocated",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "remote.log.copy.disable",
+        default: "false",
+        kind: ConfigType::Boolean,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "remote.log.delete.on.disable",
+        default: "false",
+        kind: ConfigType::Boolean,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "remote.storage.enable",
+        default: "false",
+        kind: ConfigType::Boolean,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
+        name: "segment.index.bytes",
+        default: "10485760",
+        kind: ConfigType::Int,
+        doc: "Accepted, no effect: kaas sizes its sparse index by index.interval.bytes",
+        one_of: &[],
+        min: 4,
+    },
+    ConfigDef {
+        name: "segment.jitter.ms",
+        default: "0",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: segments roll at segment.ms exactly",
+        one_of: &[],
+        min: 0,
+    },
 ];
 
 pub fn lookup(name: &str) -> Option<&'static ConfigDef> {
@@ -315,6 +469,32 @@ pub fn log_config(
 }
 
 /// `max.message.bytes` for the topic (no allocation: it is read on every produce).
+/// What a topic's configs ask of every produced batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProduceRules {
+    /// The largest batch accepted (`max.message.bytes`).
+    pub max_batch_bytes: usize,
+    /// `cleanup.policy` includes `compact`: every record needs a key.
+    pub keys_required: bool,
+    /// `message.timestamp.type=LogAppendTime`: the broker stamps its time.
+    pub log_append_time: bool,
+}
+
+/// The produce-time rules of a topic with overrides `topic`, over the broker's defaults.
+pub fn produce_rules(
+    topic: &BTreeMap<String, String>,
+    broker: &BTreeMap<String, String>,
+) -> ProduceRules {
+    let get = |name: &str| resolve(topic, broker, name).map(|(v, _)| v).unwrap_or("");
+    ProduceRules {
+        max_batch_bytes: max_message_bytes(topic, broker),
+        keys_required: get("cleanup.policy")
+            .split(',')
+            .any(|p| p.trim() == "compact"),
+        log_append_time: get("message.timestamp.type") == "LogAppendTime",
+    }
+}
+
 pub fn max_message_bytes(
     topic: &BTreeMap<String, String>,
     broker: &BTreeMap<String, String>,

@@ -131,6 +131,9 @@ fn coordinator_address(shard: &Shard, key: &str) -> Option<(i32, String, i32)> {
 /// (node id, host, port), or (error code, message).
 type CoordinatorAnswer = Result<(i32, String, i32), (i16, String)>;
 
+/// Why a transactional producer cannot start (see `find_coordinator`).
+pub const TRANSACTIONS_UNSUPPORTED: &str = "kaas does not serve transactions yet: use an idempotent producer (enable.idempotence=true, no transactional.id)";
+
 pub fn find_coordinator(
     shard: &Shard,
     req: FindCoordinatorRequest,
@@ -141,12 +144,19 @@ pub fn find_coordinator(
     } else {
         vec![req.key.to_string()]
     };
-    // 0 = group, 1 = transaction (also this broker; transactions come later).
-    let valid_type = matches!(req.key_type, 0 | 1);
+    // 0 = group, 1 = transaction, 2 = share group.
     let answers: Vec<(String, CoordinatorAnswer)> = keys
         .into_iter()
         .map(|k| {
-            let r = if !valid_type {
+            let r = if req.key_type == 1 {
+                // Transactions are not served. Clients treat this code as fatal at once
+                // (librdkafka, Java, franz-go), with this message, instead of retrying
+                // InitProducerId until their timeout.
+                Err((
+                    errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    TRANSACTIONS_UNSUPPORTED.to_string(),
+                ))
+            } else if req.key_type != 0 {
                 Err((
                     errors::INVALID_REQUEST,
                     format!("Invalid coordinator type {}", req.key_type),
@@ -640,9 +650,17 @@ async fn commit_on_owner(
     let mut records = Vec::new();
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(req.topics.len());
     let mut written: Vec<(usize, usize)> = Vec::new();
+    let catalog = s.catalog.snapshot();
     for (ti, t) in req.topics.iter().enumerate() {
         let mut tc = Vec::with_capacity(t.partitions.len());
+        let partitions = catalog.get(t.name.as_str()).map_or(0, |m| m.partitions);
         for (pi, p) in t.partitions.iter().enumerate() {
+            // As Kafka: offsets are kept only for partitions that exist (a commit for a topic
+            // nobody created would otherwise linger as an offset no consumer can use).
+            if !(0..partitions).contains(&p.partition_index) {
+                tc.push(errors::UNKNOWN_TOPIC_OR_PARTITION);
+                continue;
+            }
             let metadata = p
                 .committed_metadata
                 .as_ref()

@@ -24,8 +24,33 @@ use crate::errors;
 use crate::mesh::on_shard;
 use crate::shard::Shard;
 
+/// Held by a request while its effects are under way; the connection dispatches its next
+/// request only once the gate is released or dropped (see `crate::conn`). Handlers that do
+/// nothing unobservable after their effects simply drop it when they return.
+pub struct EffectGate(Option<futures::channel::oneshot::Sender<()>>);
+
+impl EffectGate {
+    /// A gate and the receiver that resolves when it opens.
+    pub fn new() -> (EffectGate, futures::channel::oneshot::Receiver<()>) {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        (EffectGate(Some(tx)), rx)
+    }
+
+    /// Lets the connection dispatch its next request now.
+    pub fn release(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// Serves one request and encodes its response; `None` when no response is due (acks=0).
-pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<ResponseFrame> {
+/// `gate` is released once the request's effects are done (at the latest when this returns).
+pub async fn handle(
+    shard: &Rc<Shard>,
+    request: Request,
+    gate: EffectGate,
+) -> Option<ResponseFrame> {
     let version = request.version();
     let correlation_id = request.correlation_id();
     let api_key = request.api_key;
@@ -42,7 +67,7 @@ pub async fn handle(shard: &Rc<Shard>, request: Request) -> Option<ResponseFrame
         RequestKind::DescribeTopicPartitions(r) => {
             ResponseKind::DescribeTopicPartitions(metadata::describe_topic_partitions(shard, r))
         }
-        RequestKind::Produce(r) => ResponseKind::Produce(produce::produce(shard, r).await?),
+        RequestKind::Produce(r) => ResponseKind::Produce(produce::produce(shard, r, gate).await?),
         RequestKind::Fetch(r) => {
             // Framed by hand so record bytes go to the socket without being copied.
             let out = fetch::fetch(shard, r, version).await;

@@ -251,11 +251,12 @@ pub async fn offset_for_leader_epoch(
 
 /// Idempotent producers get a fresh id (or, when they present their current id and epoch, the
 /// same id with the epoch bumped, KIP-360). Transactions are not served yet: a transactional id
-/// gets UNSUPPORTED_VERSION, which clients report as "transactions not supported by broker".
+/// gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients treat as fatal at once (they
+/// retried UNSUPPORTED_VERSION until their timeout); FindCoordinator for a transaction says why.
 pub fn init_producer_id(shard: &Rc<Shard>, req: InitProducerIdRequest) -> InitProducerIdResponse {
     if req.transactional_id.is_some() {
         return InitProducerIdResponse::default()
-            .with_error_code(errors::UNSUPPORTED_VERSION)
+            .with_error_code(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1);
     }

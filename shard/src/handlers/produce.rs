@@ -12,20 +12,25 @@ use kaas_wire::kafka_protocol::messages::produce_response::{
 };
 use kaas_wire::kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 
-use super::{per_partition, resolve_topic};
+use super::{per_partition, resolve_topic, EffectGate};
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
 use crate::topic_config;
 
-/// A partition's share of a produce request: topic, partition index, record set.
-type PartitionWork = (Arc<TopicMeta>, i32, Bytes);
+/// A partition's share of a produce request: topic, partition index, record set, and the
+/// signal that its append is done (dropped then, or on any earlier return).
+type PartitionWork = (Arc<TopicMeta>, i32, Bytes, Appended);
+
+/// Dropped by the owning shard once a partition's append has completed or was refused.
+type Appended = futures::channel::oneshot::Sender<()>;
 
 #[derive(Clone)]
 struct PartResult {
     error_code: i16,
     base_offset: i64,
     log_start_offset: i64,
+    log_append_time_ms: i64,
 }
 
 impl PartResult {
@@ -34,12 +39,19 @@ impl PartResult {
             error_code: code,
             base_offset: -1,
             log_start_offset: -1,
+            log_append_time_ms: -1,
         }
     }
 }
 
-/// `None` for acks=0, which gets no response.
-pub async fn produce(shard: &Rc<Shard>, req: ProduceRequest) -> Option<ProduceResponse> {
+/// `None` for acks=0, which gets no response. `gate` opens once every partition's append is
+/// done: an acks=all request then waits for its sync while the connection's next request is
+/// already served (the order of effects is kept; see `crate::conn`).
+pub async fn produce(
+    shard: &Rc<Shard>,
+    req: ProduceRequest,
+    mut gate: EffectGate,
+) -> Option<ProduceResponse> {
     let acks = req.acks;
     if !matches!(acks, -1..=1) {
         let responses = req
@@ -67,6 +79,7 @@ pub async fn produce(shard: &Rc<Shard>, req: ProduceRequest) -> Option<ProduceRe
     let mut slots: Vec<(usize, i32, Option<PartResult>)> = Vec::new();
     let mut work: Vec<(usize, PartitionWork)> = Vec::new();
     let mut work_slot: Vec<usize> = Vec::new();
+    let mut appends = Vec::new();
     for (ti, topic) in req.topic_data.iter().enumerate() {
         let meta = resolve_topic(shard, topic.name.as_str(), true);
         for p in &topic.partition_data {
@@ -77,10 +90,12 @@ pub async fn produce(shard: &Rc<Shard>, req: ProduceRequest) -> Option<ProduceRe
                 }
                 Ok(m) => {
                     let records = p.records.clone().unwrap_or_default();
+                    let (appended, done) = futures::channel::oneshot::channel();
+                    appends.push(done);
                     work_slot.push(slots.len());
                     work.push((
                         shard.owner_of(&m.name, p.index),
-                        (m.clone(), p.index, records),
+                        (m.clone(), p.index, records, appended),
                     ));
                     None
                 }
@@ -91,10 +106,17 @@ pub async fn produce(shard: &Rc<Shard>, req: ProduceRequest) -> Option<ProduceRe
     let results = per_partition(
         shard,
         work,
-        move |s, (meta, partition, records)| produce_partition(s, meta, partition, records, acks),
+        move |s, (meta, partition, records, appended)| {
+            produce_partition(s, meta, partition, records, acks, appended)
+        },
         PartResult::error(errors::NOT_LEADER_OR_FOLLOWER),
-    )
-    .await;
+    );
+    let appended = async move {
+        // A sender dropped without a send (the common case) resolves its receiver too.
+        futures::future::join_all(appends).await;
+        gate.release();
+    };
+    let (results, ()) = futures::join!(results, appended);
     for (slot, r) in work_slot.into_iter().zip(results) {
         slots[slot].2 = Some(r);
     }
@@ -120,7 +142,7 @@ fn part_response(index: i32, r: &PartResult) -> PartitionProduceResponse {
         .with_index(index)
         .with_error_code(r.error_code)
         .with_base_offset(r.base_offset)
-        .with_log_append_time_ms(-1)
+        .with_log_append_time_ms(r.log_append_time_ms)
         .with_log_start_offset(r.log_start_offset)
 }
 
@@ -131,6 +153,7 @@ async fn produce_partition(
     partition: i32,
     records: Bytes,
     acks: i16,
+    appended: Appended,
 ) -> PartResult {
     let headers = match verify_produced_record_set(&records) {
         Ok(h) => h,
@@ -139,10 +162,18 @@ async fn produce_partition(
             return PartResult::error(errors::batch(&e));
         }
     };
-    let max = topic_config::max_message_bytes(&meta.configs, &shard.catalog.broker_configs());
-    if headers.iter().any(|h| h.total_len() > max) {
+    let rules = topic_config::produce_rules(&meta.configs, &shard.catalog.broker_configs());
+    if headers
+        .iter()
+        .any(|h| h.total_len() > rules.max_batch_bytes)
+    {
         return PartResult::error(errors::MESSAGE_TOO_LARGE);
     }
+    if rules.keys_required && !all_keyed(&records, &headers) {
+        // Kafka refuses the whole batch: a keyless record cannot be compacted.
+        return PartResult::error(errors::INVALID_RECORD);
+    }
+    let log_append_time_ms = rules.log_append_time.then(now_ms);
     // Cluster mode: only the leader writes, and only while its write fence is open (see
     // kaas_control::handover); both are checked again before acknowledging.
     if !shard.serves(&meta.name, partition) || !shard.cluster.may_acknowledge() {
@@ -155,7 +186,10 @@ async fn produce_partition(
             return PartResult::error(errors::storage(&e));
         }
     };
-    let outcome = match log.append(&records, &headers, log.leader_epoch()).await {
+    let outcome = match log
+        .append_at(&records, &headers, log.leader_epoch(), log_append_time_ms)
+        .await
+    {
         Ok(o) => o,
         Err(e) => {
             if matches!(e, kaas_storage::StorageError::Io { .. }) {
@@ -164,6 +198,8 @@ async fn produce_partition(
             return PartResult::error(errors::storage(&e));
         }
     };
+    // The append's effect is in the log: the connection may dispatch its next request.
+    drop(appended);
     if acks == -1 {
         if let Err(e) = log.wait_durable(outcome.end_offset()).await {
             tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
@@ -184,5 +220,23 @@ async fn produce_partition(
         error_code: errors::NONE,
         base_offset,
         log_start_offset: log.log_start_offset(),
+        log_append_time_ms: log_append_time_ms.unwrap_or(-1),
     }
+}
+
+/// Whether every record of every batch in `records` has a key (see `produce_rules`).
+fn all_keyed(records: &[u8], headers: &[kaas_wire::batch::BatchHeader]) -> bool {
+    let mut scratch = Vec::new();
+    let mut at = 0;
+    headers.iter().all(|h| {
+        let batch = &records[at..at + h.total_len()];
+        at += h.total_len();
+        kaas_storage::all_records_keyed(batch, &mut scratch) == Some(true)
+    })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -1,0 +1,42 @@
+"""The client projects' own test suites against the real kaas binary (issue 12, item 7):
+franz-go's `pkg/kgo` integration tests. Each suite keeps a ratchet of tests that must pass
+(`tests/suites/expected-*.txt`); every other test names the unsupported feature that excludes
+it. The suites' counts are printed (and appended to $KAAS_THROUGHPUT_FILE's report)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
+
+import franz_go  # noqa: E402
+
+
+def report(line: str) -> None:
+    print(line)
+    path = os.environ.get("KAAS_THROUGHPUT_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+@pytest.mark.suite
+@pytest.mark.timeout(3000)
+def test_franz_go_kgo_suite_single_node(broker, tmp_path):
+    """franz-go's kgo integration tests, each run alone with a 300 s cap against a single
+    broker: every test on the PASS list passes."""
+    if broker.kind != "kaas":
+        pytest.skip("the ratchet describes kaas")
+    run = franz_go.run_suite(broker.bootstrap, log_dir=tmp_path)
+    report(f"franz-go kgo {franz_go.VERSION} (single node): {run.summary()}")
+    slow = sorted(run.seconds.items(), key=lambda kv: -kv[1])[:5]
+    report("  slowest: " + ", ".join(f"{t} {s:.0f}s" for t, s in slow))
+    fresh = franz_go.new_passes(run, "franz-go")
+    if fresh:
+        report(f"  newly passing (add to the PASS list): {' '.join(fresh)}")
+    problems = franz_go.check_ratchet(run, "franz-go")
+    assert not problems, "\n\n".join(problems)

@@ -1,0 +1,149 @@
+"""Behaviour that must match Apache Kafka exactly, found different by librdkafka's own suite
+(issue 12, item 6): keyless records on compacted topics, commits for unknown topics,
+LogAppendTime, Kafka's full list of topic configs, and a replication factor kaas cannot give."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kcheck import admin, create_topic, rdkafka_consumer, unique_topic
+
+
+def produce_one(bootstrap: str, topic: str, key, value: bytes, **conf):
+    """Produces one record and returns the delivery error (None when stored) and message."""
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "message.timeout.ms": 10000,
+                  **conf})
+    out = {}
+    p.produce(topic, key=key, value=value, partition=0,
+              on_delivery=lambda err, msg: out.update(err=err, msg=msg), **({}))
+    assert p.flush(15) == 0, "delivery report never came"
+    return out["err"], out["msg"]
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_keyless_record_on_compacted_topic_is_invalid(broker, compression):
+    """A compacted topic refuses a keyless record with INVALID_RECORD, compressed or not
+    (librdkafka 0011); keyed records are stored."""
+    from confluent_kafka import KafkaError
+    topic = unique_topic("compact")
+    create_topic(broker.bootstrap, topic, 1, config={"cleanup.policy": "compact"})
+    err, _ = produce_one(broker.bootstrap, topic, None, b"no key", **{
+        "compression.type": compression, "enable.idempotence": False, "retries": 0})
+    assert err is not None and err.code() == KafkaError.INVALID_RECORD, f"got {err}"
+    err, msg = produce_one(broker.bootstrap, topic, b"k", b"keyed",
+                           **{"compression.type": compression})
+    assert err is None, f"a keyed record was refused: {err}"
+    assert msg.offset() == 0, "the refused record took an offset"
+
+
+def test_commit_for_unknown_topic_is_refused(broker):
+    """OffsetCommit (and AlterConsumerGroupOffsets) for a topic that does not exist answers
+    UNKNOWN_TOPIC_OR_PARTITION per partition, as Kafka does (librdkafka 0030, 0081); a known
+    partition in the same request is committed."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, TopicPartition
+    known = unique_topic("known")
+    create_topic(broker.bootstrap, known, 1)
+    group = unique_topic("g")
+    from confluent_kafka import KafkaException
+    c = rdkafka_consumer(broker.bootstrap, **{"group.id": group})
+    try:
+        with pytest.raises(KafkaException) as failed:
+            c.commit(offsets=[TopicPartition(known, 0, 7),
+                              TopicPartition("no-such-topic-x", 0, 5)], asynchronous=False)
+        assert failed.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, failed.value
+        # The known partition of the same request was committed.
+        committed = c.committed([TopicPartition(known, 0)], timeout=15)
+        assert committed[0].offset == 7, committed
+    finally:
+        c.close()
+
+    a = admin(broker.bootstrap)
+    futures = a.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+        group, [TopicPartition("no-such-topic-y", 0, 3)])])
+    try:
+        parts = futures[group].result(timeout=15).topic_partitions
+        errs = [tp.error for tp in parts]
+    except KafkaException as e:
+        errs = [e.args[0]]
+    assert errs and all(e is not None and e.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                        for e in errs), errs
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_log_append_time_stamps_broker_time(broker, compression):
+    """With message.timestamp.type=LogAppendTime the broker's clock is every record's
+    timestamp and the type says so, compressed batches included (librdkafka 0052)."""
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TopicPartition
+    topic = unique_topic("lat")
+    create_topic(broker.bootstrap, topic, 1, config={"message.timestamp.type": "LogAppendTime"})
+    before = int(time.time() * 1000)
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20,
+                  "compression.type": compression})
+    for i in range(10):
+        p.produce(topic, value=b"v%d" % i, partition=0, timestamp=1_000_000 + i)
+    assert p.flush(15) == 0
+    after = int(time.time() * 1000)
+    c = rdkafka_consumer(broker.bootstrap)
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 10 and time.monotonic() < deadline:
+            for m in c.consume(10, timeout=1.0):
+                if m.error() is None:
+                    got.append(m.timestamp())
+    finally:
+        c.close()
+    assert len(got) == 10
+    for kind, ts in got:
+        assert kind == TIMESTAMP_LOG_APPEND_TIME, f"timestamp type {kind}"
+        assert before - 1000 <= ts <= after + 1000, f"timestamp {ts} not the broker's time"
+
+
+def test_every_kafka_topic_config_is_accepted(broker):
+    """Topic configs Kafka accepts but kaas has no use for are accepted and described (so
+    librdkafka 0077 reaches its compaction checks), not refused."""
+    from confluent_kafka.admin import ConfigResource
+    topic = unique_topic("cfg")
+    configs = {"file.delete.delay.ms": "1000", "max.compaction.lag.ms": "60000",
+               "segment.jitter.ms": "5", "preallocate": "true",
+               "message.timestamp.after.max.ms": "3600000", "cleanup.policy": "compact"}
+    create_topic(broker.bootstrap, topic, 1, config=configs)
+    a = admin(broker.bootstrap)
+    res = ConfigResource("topic", topic)
+    described = a.describe_configs([res])[res].result(timeout=15)
+    for k, v in configs.items():
+        assert described[k].value == v, f"{k}: {described[k].value!r}"
+
+
+def test_replication_factor_three_says_why(broker):
+    """A replication factor above one is refused with INVALID_REPLICATION_FACTOR and a
+    message that says kaas keeps one copy, not a broker count that contradicts Metadata."""
+    from confluent_kafka.admin import NewTopic
+    a = admin(broker.bootstrap)
+    f = a.create_topics([NewTopic(unique_topic("rf"), 1, 3)])
+    with pytest.raises(Exception) as failed:
+        list(f.values())[0].result(timeout=15)
+    text = str(failed.value)
+    assert "INVALID_REPLICATION_FACTOR" in text or "eplication" in text, text
+    assert "one copy" in text, text
+    assert "available brokers" not in text, text
+
+
+def test_transactional_producer_fails_fast_with_a_reason(broker):
+    """init_transactions() fails within seconds, fatally, saying that kaas does not serve
+    transactions (it retried UNSUPPORTED_VERSION for its whole 15 s timeout before)."""
+    from confluent_kafka import KafkaException, Producer
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-1"})
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as failed:
+        p.init_transactions(30)
+    elapsed = time.monotonic() - started
+    err = failed.value.args[0]
+    assert "transactions" in err.str(), err.str()
+    assert err.fatal() or not err.retriable(), err.str()
+    assert elapsed < 10, f"took {elapsed:.1f} s to fail"
