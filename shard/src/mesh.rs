@@ -1,6 +1,6 @@
 //! Cross-shard calls. This is the one place that knows how work moves between cores: a job is a
 //! boxed closure sent over a bounded channel to the shard that owns the data, run there, and
-//! its result sent back over a oneshot channel. Keeping this behind one module keeps a runtime
+//! its result sent back as another job that completes a oneshot on the requester's thread. Keeping this behind one module keeps a runtime
 //! change cheap and makes every cross-core hop visible as `on_shard(...)`.
 //!
 //! The channels are plain `futures` channels created before any shard starts, so there is no
@@ -13,24 +13,40 @@ use std::future::Future;
 use std::rc::Rc;
 
 use futures::channel::mpsc;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 
 use crate::shard::Shard;
 
-/// Work sent to another shard. It runs on the receiving shard's executor.
-pub type Job = Box<dyn FnOnce(Rc<Shard>) + Send>;
+/// Work sent to another shard. It runs on the receiving shard's executor, given that shard's
+/// context (`C` = [`Shard`] in the broker; tests use a small one of their own).
+pub type Job<C = Shard> = Box<dyn FnOnce(Rc<C>) + Send>;
+
+/// What a shard's context offers the mesh: its own index and senders to every shard.
+pub trait Endpoint: Sized + 'static {
+    fn shard_id(&self) -> usize;
+    fn peers(&self) -> &Peers<Self>;
+}
+
+impl Endpoint for Shard {
+    fn shard_id(&self) -> usize {
+        self.id
+    }
+    fn peers(&self) -> &Peers<Self> {
+        Shard::peers(self)
+    }
+}
 
 /// Capacity of each shard's inbox; a full inbox makes senders wait (backpressure).
 pub const INBOX_CAPACITY: usize = 1024;
 
 /// One inbox per shard, plus senders to every inbox, made before the shards start.
-pub struct Mesh {
-    senders: Vec<mpsc::Sender<Job>>,
-    inboxes: Vec<Option<mpsc::Receiver<Job>>>,
+pub struct Mesh<C = Shard> {
+    senders: Vec<mpsc::Sender<Job<C>>>,
+    inboxes: Vec<Option<mpsc::Receiver<Job<C>>>>,
 }
 
-impl Mesh {
-    pub fn new(shards: usize) -> Mesh {
+impl<C> Mesh<C> {
+    pub fn new(shards: usize) -> Mesh<C> {
         let (senders, inboxes) = (0..shards)
             .map(|_| {
                 let (tx, rx) = mpsc::channel(INBOX_CAPACITY);
@@ -41,7 +57,7 @@ impl Mesh {
     }
 
     /// Shard `id`'s inbox and senders to every shard. Each inbox is taken once.
-    pub fn take(&mut self, id: usize) -> (mpsc::Receiver<Job>, Peers) {
+    pub fn take(&mut self, id: usize) -> (mpsc::Receiver<Job<C>>, Peers<C>) {
         let inbox = self.inboxes[id]
             .take()
             .expect("each shard takes its inbox once");
@@ -55,20 +71,30 @@ impl Mesh {
 }
 
 /// The sending half: one sender per shard (including this one, unused).
-pub struct Peers {
-    senders: Vec<mpsc::Sender<Job>>,
+pub struct Peers<C = Shard> {
+    senders: Vec<mpsc::Sender<Job<C>>>,
 }
 
-impl Peers {
-    /// Sends `job` to shard `target`. Fails only when the target has shut down.
-    pub async fn send(&self, target: usize, job: Job) -> bool {
+impl<C> Peers<C> {
+    /// Sends `job` to shard `target`, or gives it back when the target has shut down (so the
+    /// caller decides on which thread it is dropped).
+    pub async fn send_or_return(&self, target: usize, job: Job<C>) -> Result<(), Job<C>> {
         let mut tx = self.senders[target].clone();
-        tx.send(job).await.is_ok()
+        if futures::future::poll_fn(|cx| tx.poll_ready(cx))
+            .await
+            .is_err()
+        {
+            return Err(job);
+        }
+        // Ready means a slot is reserved for this sender; it fails only if the receiver went
+        // away in between, and then the job is dropped here (shutdown).
+        let _ = tx.start_send(job);
+        Ok(())
     }
 }
 
 /// Runs every job that arrives in this shard's inbox, until all senders are gone.
-pub async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Job>) {
+pub async fn serve_inbox<C>(shard: Rc<C>, mut inbox: mpsc::Receiver<Job<C>>) {
     while let Some(job) = inbox.next().await {
         job(shard.clone());
     }
@@ -76,24 +102,180 @@ pub async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Job>) {
 
 /// Runs `f` on shard `target` (directly when that is this shard) and returns its result.
 /// Returns `None` when the target shard is gone (shutting down).
-pub async fn on_shard<R, F, Fut>(shard: &Rc<Shard>, target: usize, f: F) -> Option<R>
+///
+/// The result comes back as a job in *this* shard's inbox, which completes a oneshot here: a
+/// glommio task's waker must never be woken or dropped on another thread. glommio 0.9 frees a
+/// completed task when its handle is dropped while a foreign thread is still inside
+/// `drop_waker` for it (the last reference dropped abroad re-queues the task through its
+/// header) — AddressSanitizer caught exactly that under franz-go's suite (heap-use-after-free
+/// in `RawTask::drop_waker`, the "malloc_consolidate(): unaligned fastbin chunk" abort seen in
+/// production). So the oneshot's sender is used and dropped only on the requester's thread; the
+/// other thread only ever wakes the long-lived inbox task, which never completes while shards
+/// run.
+pub async fn on_shard<C, R, F, Fut>(shard: &Rc<C>, target: usize, f: F) -> Option<R>
 where
+    C: Endpoint,
     R: Send + 'static,
-    F: FnOnce(Rc<Shard>) -> Fut + Send + 'static,
+    F: FnOnce(Rc<C>) -> Fut + Send + 'static,
     Fut: Future<Output = R> + 'static,
 {
-    if target == shard.id {
+    if target == shard.shard_id() {
         return Some(f(shard.clone()).await);
     }
+    let home = shard.shard_id();
     let (tx, rx) = futures::channel::oneshot::channel();
-    let job: Job = Box::new(move |remote: Rc<Shard>| {
+    let job: Job<C> = Box::new(move |remote: Rc<C>| {
         glommio::spawn_local(async move {
-            let _ = tx.send(f(remote).await);
+            let result = f(remote.clone()).await;
+            let reply: Job<C> = Box::new(move |_home: Rc<C>| {
+                let _ = tx.send(result);
+            });
+            if let Err(reply) = remote.peers().send_or_return(home, reply).await {
+                // The requesting shard is gone (shutdown): dropping the reply here would drop
+                // its oneshot sender, and with it a waker of that shard's task, on this thread.
+                std::mem::forget(reply);
+            }
         })
         .detach();
     });
-    if !shard.peers().send(target, job).await {
+    if let Err(job) = shard.peers().send_or_return(target, job).await {
+        // Never sent: the job (and the oneshot sender in it) is dropped on its own thread.
+        drop(job);
         return None;
     }
     rx.await.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+    use std::thread::ThreadId;
+
+    struct Ctx {
+        id: usize,
+        peers: Peers<Ctx>,
+    }
+
+    impl Endpoint for Ctx {
+        fn shard_id(&self) -> usize {
+            self.id
+        }
+        fn peers(&self) -> &Peers<Ctx> {
+            &self.peers
+        }
+    }
+
+    /// A waker that records the thread of every clone, wake and drop.
+    #[derive(Default)]
+    struct Record {
+        threads: Mutex<Vec<(&'static str, ThreadId)>>,
+    }
+
+    fn note(data: *const (), what: &'static str) {
+        // SAFETY: `data` is the `Arc<Record>` leaked by `recording_waker` or a clone of it.
+        let record = unsafe { &*(data as *const Record) };
+        record
+            .threads
+            .lock()
+            .unwrap()
+            .push((what, std::thread::current().id()));
+    }
+
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(
+        |data| {
+            note(data, "clone");
+            // SAFETY: one more strong count for the new waker.
+            unsafe { Arc::increment_strong_count(data as *const Record) };
+            RawWaker::new(data, &VTABLE)
+        },
+        |data| {
+            note(data, "wake");
+            // SAFETY: `wake` consumes the waker's count.
+            unsafe { Arc::decrement_strong_count(data as *const Record) };
+        },
+        |data| note(data, "wake_by_ref"),
+        |data| {
+            note(data, "drop");
+            // SAFETY: the waker's count.
+            unsafe { Arc::decrement_strong_count(data as *const Record) };
+        },
+    );
+
+    fn recording_waker(record: &Arc<Record>) -> Waker {
+        let data = Arc::into_raw(record.clone()) as *const ();
+        // SAFETY: VTABLE's functions keep the Arc count in step with the wakers.
+        unsafe { Waker::from_raw(RawWaker::new(data, &VTABLE)) }
+    }
+
+    // A cross-shard call touches the caller's waker only on the caller's thread: glommio 0.9
+    // frees a finished task while another thread is inside drop_waker for it (the
+    // use-after-free AddressSanitizer found under franz-go's suite), so the reply must not wake
+    // or drop the caller's waker abroad. The first version of on_shard did both.
+    #[test]
+    fn replies_touch_the_callers_waker_only_on_its_thread() {
+        let mut mesh: Mesh<Ctx> = Mesh::new(2);
+        let (inbox1, peers1) = mesh.take(1);
+        let (inbox0, peers0) = mesh.take(0);
+        let remote = glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                serve_inbox(
+                    Rc::new(Ctx {
+                        id: 1,
+                        peers: peers1,
+                    }),
+                    inbox1,
+                )
+                .await;
+            })
+            .unwrap();
+        let record = Arc::new(Record::default());
+        let caller_record = record.clone();
+        let caller = glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let ctx = Rc::new(Ctx {
+                    id: 0,
+                    peers: peers0,
+                });
+                glommio::spawn_local(serve_inbox(ctx.clone(), inbox0)).detach();
+                let me = std::thread::current().id();
+                for round in 0..200u32 {
+                    let mut call =
+                        Box::pin(on_shard(&ctx, 1, move |_remote: Rc<Ctx>| async move {
+                            round * 2
+                        }));
+                    let waker = recording_waker(&caller_record);
+                    let mut cx = Context::from_waker(&waker);
+                    let got = loop {
+                        if let Poll::Ready(v) = call.as_mut().poll(&mut cx) {
+                            break v;
+                        }
+                        glommio::timer::sleep(std::time::Duration::from_micros(50)).await;
+                    };
+                    assert_eq!(got, Some(round * 2));
+                    drop(call);
+                    drop(waker);
+                }
+                drop(ctx);
+                me
+            })
+            .unwrap();
+        let caller_thread = caller.join().unwrap();
+        let foreign: Vec<_> = record
+            .threads
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, t)| *t != caller_thread)
+            .map(|(what, _)| *what)
+            .collect();
+        assert!(
+            foreign.is_empty(),
+            "the caller's waker was touched on another thread: {foreign:?}"
+        );
+        // The remote shard's inbox stays open (its own context holds a sender to it): it is
+        // left running, as shards are until the process ends.
+        drop(remote);
+    }
 }
