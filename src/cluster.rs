@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kaas_control::assignment::{
-    assignment_path, diff, read_assignment, write_assignment, Assignment, AssignmentWatcher,
-    Health, DEFAULT_POLL_INTERVAL,
+    assignment_path, claim_epoch, diff, read_assignment, write_fenced, Assignment,
+    AssignmentWatcher, Health, DEFAULT_POLL_INTERVAL,
 };
 use kaas_control::balancer::{AliveBrokers, BalancePlanner, BrokerId, TopicCounts, TopicPartition};
 use kaas_control::election::ElectionConfig;
@@ -78,20 +78,6 @@ impl ClusterConfig {
     /// The Lease holder identity: `<id>@<heartbeat address>`.
     fn identity(&self) -> String {
         format!("{}@{}", self.broker_id, self.heartbeat_advertised)
-    }
-
-    /// How long a Lease record must have stayed unchanged, as this broker saw it, before a read
-    /// of it may keep this broker's write fence open: the holder's renew deadline plus its
-    /// longest Lease write (a renewal in flight may still land and extend the holder's term)
-    /// plus the handover margin for clock-rate drift. Past that the holder provably does not
-    /// act as controller, so it cannot be moving this broker's partitions away on the strength
-    /// of a silence that the reads are covering.
-    fn stale_lease_after(&self) -> Duration {
-        Duration::from_millis(self.election.renew_deadline_ms + self.election.retry_period_ms)
-            + self
-                .timing
-                .release_after
-                .saturating_sub(self.timing.broker_fence)
     }
 
     /// The election's guaranteed gap between a holder's deadline and a successor's start.
@@ -207,26 +193,15 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         });
     }
 
-    // The controller's address follows the Lease holder. A Lease read showing the
-    // controller that last acknowledged us still holding a Lease it stopped renewing keeps our
-    // write fence open (see kaas_control::handover), so the cluster stays writable while a
-    // dead controller's Lease runs out. A holder that still renews is alive: if we cannot
-    // reach it, it may be moving our partitions away by our silence, so reads of a record it
-    // keeps renewing extend nothing.
+    // The controller's address follows the Lease holder. Only a controller's acknowledgement
+    // opens this broker's write fence: a Lease read never does (see kaas_control::handover).
     let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
-    let acked_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let previous_holder = Arc::new(std::sync::Mutex::new(None::<i32>));
     {
         let mut leadership = leadership.clone();
         let lease_epoch = lease_epoch.clone();
-        let acked_epoch = acked_epoch.clone();
         let previous_holder = previous_holder.clone();
-        let (view, fence, me, stale_after) = (
-            shards.view.clone(),
-            config.timing.broker_fence,
-            config.broker_id,
-            config.stale_lease_after(),
-        );
+        let (view, me) = (shards.view.clone(), config.broker_id);
         tokio::spawn(async move {
             loop {
                 let l = leadership.borrow_and_update().clone();
@@ -236,16 +211,6 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                 if let Some((id, _)) = &holder {
                     if *id != me {
                         *previous_holder.lock().expect("previous holder lock") = Some(*id);
-                        let acked = acked_epoch.load(std::sync::atomic::Ordering::Acquire);
-                        if acked != 0 && acked == l.epoch {
-                            if let (Some(read_started), Some(seen_since)) =
-                                (l.observed_at, l.record_seen_since)
-                            {
-                                if read_started >= seen_since + stale_after {
-                                    view.extend_fence((read_started + fence).into_std());
-                                }
-                            }
-                        }
                     }
                 }
                 // The heartbeat client re-dials on every notification: only real changes.
@@ -285,8 +250,6 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                         lease_epoch.observe(controller_epoch);
                         if let Some(sent) = acked_sent_at {
                             shards.view.extend_fence((sent + fence).into_std());
-                            acked_epoch
-                                .store(controller_epoch, std::sync::atomic::Ordering::Release);
                         }
                     }
                     ControllerEvent::AssignmentChanged {
@@ -437,11 +400,29 @@ async fn apply_loop(
                 retry.retain(|tp| next.leader(tp) == Some(me));
                 let started = std::time::Instant::now();
                 if !d.relinquish.is_empty() {
-                    send_to_shards(&shards, &d.relinquish, true).await;
+                    send_to_shards(&shards, &d.relinquish, Apply::Relinquish).await;
+                }
+                // A file that does not follow the one applied (versions skipped while paused,
+                // or a new controller) may hide files that moved a partition this broker keeps
+                // away and back: another broker then led it and wrote, and this broker's open
+                // log no longer knows the partition's end. Those (their stored epoch rose past
+                // the open log's) are reopened before anything more is written to them.
+                let consecutive = applied.as_ref().is_some_and(|a| {
+                    (a.controller_epoch, a.assignment_version + 1) == next.order_key()
+                });
+                if !consecutive {
+                    let kept: Vec<TopicPartition> = next
+                        .led_by(me)
+                        .filter(|tp| applied.as_ref().is_some_and(|a| a.leader(tp) == Some(me)))
+                        .cloned()
+                        .collect();
+                    if !kept.is_empty() {
+                        retry.extend(send_to_shards(&shards, &kept, Apply::Revalidate).await);
+                    }
                 }
                 shards.view.publish(ClusterState::new(Some(next.clone())));
                 release_groups(&shards).await;
-                let failed = send_to_shards(&shards, &d.take_over, false).await;
+                let failed = send_to_shards(&shards, &d.take_over, Apply::TakeOver).await;
                 retry.extend(failed);
                 tracing::info!(
                     epoch = next.controller_epoch,
@@ -461,7 +442,7 @@ async fn apply_loop(
             _ = tokio::time::sleep(Duration::from_secs(1)), if !retry.is_empty() => {
                 let again: Vec<TopicPartition> = retry.iter().cloned().collect();
                 reload_catalog(&shards).await;
-                retry = send_to_shards(&shards, &again, false).await.into_iter().collect();
+                retry = send_to_shards(&shards, &again, Apply::TakeOver).await.into_iter().collect();
                 report(&status, applied.as_deref(), me, &retry);
             }
         }
@@ -499,12 +480,21 @@ fn report(
     });
 }
 
-/// Sends take-overs (or relinquishes) to the shards owning each partition and waits for all.
-/// Returns the partitions whose take-over failed.
+/// What [`send_to_shards`] asks the shards to do with partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Apply {
+    Relinquish,
+    TakeOver,
+    /// Reopen those another broker took over since this one opened them (see `apply_loop`).
+    Revalidate,
+}
+
+/// Sends take-overs (or relinquishes, or revalidations) to the shards owning each partition
+/// and waits for all. Returns the partitions whose take-over failed.
 async fn send_to_shards(
     shards: &Shards,
     partitions: &[TopicPartition],
-    relinquish: bool,
+    kind: Apply,
 ) -> Vec<TopicPartition> {
     let n = shards.control.len();
     let mut per_shard: Vec<Vec<(String, i32)>> = vec![Vec::new(); n];
@@ -519,16 +509,19 @@ async fn send_to_shards(
         }
         let copy = list.clone();
         let (done, wait) = futures::channel::oneshot::channel();
-        let msg = if relinquish {
-            ControlMsg::Relinquish {
+        let msg = match kind {
+            Apply::Relinquish => ControlMsg::Relinquish {
                 partitions: list,
                 done,
-            }
-        } else {
-            ControlMsg::TakeOver {
+            },
+            Apply::TakeOver => ControlMsg::TakeOver {
                 partitions: list,
                 done,
-            }
+            },
+            Apply::Revalidate => ControlMsg::Revalidate {
+                partitions: list,
+                done,
+            },
         };
         let gone = |list: Vec<(String, i32)>| -> Vec<((String, i32), String)> {
             list.into_iter()
@@ -539,10 +532,10 @@ async fn send_to_shards(
         let _ = shards.control[shard].unbounded_send(msg);
         waits.push(async move { wait.await.unwrap_or_else(|_| gone(copy)) });
     }
-    let what = if relinquish {
-        "relinquish"
-    } else {
-        "take-over"
+    let what = match kind {
+        Apply::Relinquish => "relinquish",
+        Apply::TakeOver => "take-over",
+        Apply::Revalidate => "revalidation",
     };
     for failures in futures::future::join_all(waits).await {
         for ((topic, partition), why) in failures {
@@ -551,24 +544,6 @@ async fn send_to_shards(
         }
     }
     failed
-}
-
-/// The brokers that may still serve a partition in `prev` (its leader, or the `from` of a
-/// move in flight) and may not in `next`.
-fn lost_leadership(prev: &Assignment, next: &Assignment) -> BTreeSet<BrokerId> {
-    let holders = |a: &Assignment| -> BTreeSet<(TopicPartition, BrokerId)> {
-        a.partitions
-            .iter()
-            .map(|(tp, b)| (tp.clone(), *b))
-            .chain(a.pending.iter().map(|m| (m.tp(), m.from)))
-            .collect()
-    };
-    let kept = holders(next);
-    holders(prev)
-        .into_iter()
-        .filter(|h| !kept.contains(h))
-        .map(|(_, b)| b)
-        .collect()
 }
 
 /// While this broker holds the Lease: serve heartbeats and keep `assignment.json` current.
@@ -618,6 +593,36 @@ async fn controller_loop(
         let serving = tokio::spawn(server.clone().serve(listener, async move {
             let _ = stop_rx.await;
         }));
+        // Claim assignment.json for this epoch before reading it: from here on a deposed
+        // controller's late write is refused, and one that landed earlier is read below.
+        let claim_path = assignment_path(&config.data_dir);
+        match tokio::task::spawn_blocking(move || claim_epoch(&claim_path, epoch)).await {
+            Ok(Ok(disk)) => {
+                // Files before this term may have moved partitions by time; this term's floors
+                // only know the files it writes (see kaas_control::heartbeat::AckFloor).
+                let base = [
+                    disk.map(|d| d.order_key()),
+                    accepted.borrow().as_ref().map(|a| a.order_key()),
+                ]
+                .into_iter()
+                .flatten()
+                .max();
+                if let Some(base) = base {
+                    server.require_applied_by_all(base);
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(epoch, "cannot claim assignment.json: {e}; retrying");
+                let _ = stop_tx.send(());
+                let _ = serving.await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::error!("assignment claim task failed: {e}");
+                continue;
+            }
+        }
         let lead_start = Instant::now();
         // The holder before us (or an earlier one, never a later one): its own fence closed an
         // election gap before our start (see kaas_control::handover).
@@ -817,7 +822,7 @@ async fn recompute(
     // applied it: an acknowledgement would otherwise reopen its write fence for partitions it
     // still serves from an older file (see kaas_control::heartbeat::AckFloor).
     if let Some(prev) = &previous {
-        for broker in lost_leadership(prev, &next) {
+        for broker in handover::lost_leadership(prev, &next) {
             server.require_applied(broker, (epoch, version));
         }
     }
@@ -829,7 +834,7 @@ async fn recompute(
     let pending_n = next.pending.len();
     let write_path = path.clone();
     let bytes_next = next.clone();
-    tokio::task::spawn_blocking(move || write_assignment(&write_path, &bytes_next))
+    tokio::task::spawn_blocking(move || write_fenced(&write_path, &bytes_next))
         .await
         .context("assignment write task")?
         .with_context(|| format!("writing {}", path.display()))?;

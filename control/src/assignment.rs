@@ -272,6 +272,116 @@ pub fn write_assignment(path: &Path, assignment: &Assignment) -> io::Result<()> 
     result
 }
 
+/// The epoch fence of `assignment.json` (file [`EPOCH_FENCE_FILE`] beside it, guarded by an
+/// exclusive `flock` on [`EPOCH_LOCK_FILE`]).
+///
+/// A controller computes a file while it holds the Lease, but the write can land later — the
+/// process paused between its last Lease check and the rename. Landing after a successor's
+/// files, it would replace them on disk, and the successor (and every broker reading the
+/// file) would lose the history those files recorded; brokers that had not yet seen the new
+/// Lease epoch would even apply it. So every replacement happens under the lock after checking
+/// that no higher controller epoch has claimed the file ([`write_fenced`]), and a new
+/// controller claims its epoch under the same lock before it reads its base
+/// ([`claim_epoch`]): a deposed controller's write either lands before the claim — and the
+/// successor reads it — or is refused.
+pub const EPOCH_FENCE_FILE: &str = "assignment.epoch";
+/// The lock file guarding [`EPOCH_FENCE_FILE`] and `assignment.json`'s replacement.
+pub const EPOCH_LOCK_FILE: &str = "assignment.lock";
+/// Longest wait for the lock; a holder stopped inside it (SIGSTOP) keeps everyone waiting,
+/// which costs availability, never safety.
+const EPOCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why a fenced write did not happen.
+#[derive(Debug, Error)]
+pub enum FenceError {
+    /// A controller with a higher epoch has claimed the file: this one is deposed.
+    #[error("assignment.json is claimed by controller epoch {claimed}, above ours ({ours})")]
+    Deposed { claimed: u64, ours: u64 },
+    /// The lock or the files could not be used.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+fn with_epoch_lock<T>(
+    assignment: &Path,
+    f: impl FnOnce(&Path) -> Result<T, FenceError>,
+) -> Result<T, FenceError> {
+    let dir = assignment.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(EPOCH_LOCK_FILE))?;
+    let give_up = std::time::Instant::now() + EPOCH_LOCK_WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < give_up => {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "assignment.lock held too long",
+                )
+                .into())
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+    let out = f(dir);
+    drop(lock);
+    out
+}
+
+fn claimed_epoch(dir: &Path) -> io::Result<u64> {
+    match fs::read_to_string(dir.join(EPOCH_FENCE_FILE)) {
+        Ok(s) => Ok(s.trim().parse().unwrap_or(0)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new controller at `epoch` claims `assignment.json` (see [`EPOCH_FENCE_FILE`]), then
+/// reads the file it starts from — atomically with respect to every fenced write.
+pub fn claim_epoch(assignment: &Path, epoch: u64) -> Result<Option<Assignment>, FenceError> {
+    with_epoch_lock(assignment, |dir| {
+        let claimed = claimed_epoch(dir)?;
+        if claimed > epoch {
+            return Err(FenceError::Deposed {
+                claimed,
+                ours: epoch,
+            });
+        }
+        if claimed < epoch {
+            let tmp = dir.join(format!(".{EPOCH_FENCE_FILE}.{}.tmp", std::process::id()));
+            let mut f = File::create(&tmp)?;
+            f.write_all(epoch.to_string().as_bytes())?;
+            f.sync_all()?;
+            drop(f);
+            fs::rename(&tmp, dir.join(EPOCH_FENCE_FILE))?;
+            File::open(dir)?.sync_all()?;
+        }
+        read_assignment(assignment).map_err(|e| FenceError::Io(io::Error::other(e.to_string())))
+    })
+}
+
+/// Replaces `assignment.json` with `assignment` unless a higher controller epoch has claimed
+/// it (see [`EPOCH_FENCE_FILE`]).
+pub fn write_fenced(path: &Path, assignment: &Assignment) -> Result<(), FenceError> {
+    with_epoch_lock(path, |dir| {
+        let claimed = claimed_epoch(dir)?;
+        if claimed > assignment.controller_epoch {
+            return Err(FenceError::Deposed {
+                claimed,
+                ours: assignment.controller_epoch,
+            });
+        }
+        Ok(write_assignment(path, assignment)?)
+    })
+}
+
 /// Why a read of `assignment.json` produced no assignment.
 #[derive(Debug, Error)]
 pub enum ReadError {

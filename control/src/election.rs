@@ -375,12 +375,6 @@ impl ElectionState {
         self.leader_until_ms().is_some_and(|until| now_ms < until)
     }
 
-    /// When (local ms) the record last read was first seen, i.e. the step after the first read
-    /// that returned it. Every write of it happened before then.
-    pub fn record_seen_since_ms(&self) -> Option<u64> {
-        self.last_seen.as_ref().map(|(_, since)| *since)
-    }
-
     /// The local instant at which we stop being controller unless a renewal succeeds first.
     pub fn leader_until_ms(&self) -> Option<u64> {
         self.leading.as_ref().map(|l| self.deadline(l))

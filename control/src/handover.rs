@@ -16,32 +16,29 @@
 //!    its heartbeat. So `applied ≥ since` proves every write A acknowledged for the partition is
 //!    on disk and A will acknowledge no more.
 //! 2. **A is fenced by time.** A broker acknowledges writes only while its *write fence* is
-//!    open. Two things open it, each for `F` = [`Timing::broker_fence`]:
+//!    open, for `F` = [`Timing::broker_fence`] after
 //!    - **an acknowledgement**: A *sent* a status that a controller acknowledged (a PING
 //!      carrying that status's sequence). A controller acknowledges only while its Lease is
 //!      valid at the moment of sending (`Leadership::leads_now`), and only a status reporting
 //!      that A applied every file that took a partition from A (`heartbeat::AckFloor`): the
 //!      fence covers whatever A serves, and A serves what the last file *it applied* says, so
 //!      an acknowledgement of a broker still on an older file would reopen its fence for
-//!      partitions that already have a new leader (a controller resumed from SIGSTOP did this);
-//!    - **a Lease read**: a read of the Lease that *started* at `r` and shows the holder (and
-//!      epoch) of the controller that last acknowledged A, A not being that holder itself,
-//!      **in a record that A has seen unchanged for longer than the holder's renew deadline
-//!      plus its longest Lease write plus the margin**. This keeps the cluster writable while a
-//!      dead controller's Lease runs out, instead of every broker stalling until a successor is
-//!      elected. The staleness is what makes it safe: a holder that still renews may be alive
-//!      and judging A silent (A may just not reach it), and a record unchanged that long proves
-//!      its holder is past its renew deadline — not acting as controller — at `r`. When it
-//!      acts again it has re-acquired, after `r`, so it counts A's silence from then on.
+//!      partitions that already have a new leader (a controller resumed from SIGSTOP did this).
+//!
+//!    A Lease read never opens the fence. Earlier versions also let a read showing the
+//!    controller that last acknowledged A (later: only a record unchanged past that holder's
+//!    renew deadline) keep A writable while a dead controller's Lease ran out. Both are unsafe:
+//!    a holder that still renews may be alive and moving A's partitions by A's silence, and a
+//!    holder past its deadline may still have a file it computed in time land later and move
+//!    them (`control/tests/handover_model.rs` finds both within a second). The cost is write
+//!    availability between a controller's death and the first acknowledgement of its successor.
 //!
 //!    Let this controller have taken the Lease at `s` (its takeover write landed by then), and
 //!    let `t` be the arrival here of the last status received from A. Any acknowledged status of
 //!    A was sent before it arrived where it was acknowledged: here, at or before `t`; at a
-//!    previous controller, before that controller's renew deadline, which precedes `s`. Any read
-//!    showing a previous holder started before `s`. So A has stopped by `max(t, s) + F`. For the
-//!    **previous holder** P itself, only acknowledgements count (a broker never extends its
-//!    fence by reading itself as holder), and P acknowledged itself only before its own renew
-//!    deadline, which the election places at least `G` = `lease_duration − renew_deadline`
+//!    previous controller, before that controller's renew deadline, which precedes `s`. So A
+//!    has stopped by `max(t, s) + F`. The **previous holder** P acknowledged itself only before
+//!    its own renew deadline, which the election places at least `G` = `lease_duration − renew_deadline`
 //!    before `s`: P has stopped by `max(t, s − G) + F`.
 //!
 //!    The controller waits [`Timing::release_after`] = `F + margin` past those instants
@@ -50,15 +47,15 @@
 //!    before acknowledging; a write in flight completes or fails within the margin, or the
 //!    storage watchdog fails it).
 //!
-//! A broker that can reach neither a controller nor the Lease therefore stops acknowledging
-//! within `F`, before any controller may hand its partitions away. That costs availability for
+//! A broker that cannot reach a controller therefore stops acknowledging within `F`, before any
+//! controller may hand its partitions away. That costs availability for
 //! that broker's partitions, never an acknowledged write.
 //!
 //! Moving *to* a broker is always safe once the old leader stopped: the new leader opens the log,
 //! recovers it (every acknowledged write is fsynced, so it is there), raises the leader epoch and
 //! starts a new segment before its first write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::assignment::{Assignment, PendingMove};
@@ -124,6 +121,25 @@ impl Standing {
     pub fn fenced(&self, timing: &Timing) -> bool {
         self.silent_for >= timing.release_after
     }
+}
+
+/// The brokers that may still serve a partition in `prev` (its leader, or the `from` of a move
+/// in flight) and may not in `next`: each is acknowledged again only once it has applied `next`
+/// (see `heartbeat::AckFloor`).
+pub fn lost_leadership(prev: &Assignment, next: &Assignment) -> BTreeSet<BrokerId> {
+    let holders = |a: &Assignment| -> BTreeSet<(TopicPartition, BrokerId)> {
+        a.partitions
+            .iter()
+            .map(|(tp, b)| (tp.clone(), *b))
+            .chain(a.pending.iter().map(|m| (m.tp(), m.from)))
+            .collect()
+    };
+    let kept = holders(next);
+    holders(prev)
+        .into_iter()
+        .filter(|h| !kept.contains(h))
+        .map(|(_, b)| b)
+        .collect()
 }
 
 /// The previous leadership the balancer should keep stable: published leaders, and for

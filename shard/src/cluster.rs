@@ -77,6 +77,13 @@ pub enum ControlMsg {
         partitions: Vec<(String, i32)>,
         done: futures::channel::oneshot::Sender<Vec<((String, i32), String)>>,
     },
+    /// Reopen (relinquish, then take over at a new epoch) those of these partitions that
+    /// another broker has taken over since this shard opened them; answer with the ones whose
+    /// take-over failed.
+    Revalidate {
+        partitions: Vec<(String, i32)>,
+        done: futures::channel::oneshot::Sender<Vec<((String, i32), String)>>,
+    },
     /// Another broker changed topic or broker configs: re-apply them to the open logs.
     ConfigsChanged,
     /// The view changed: close the consumer groups this broker no longer coordinates and

@@ -241,6 +241,15 @@ async fn serve_control(
                     .await;
                 let _ = done.send(());
             }
+            ControlMsg::Revalidate { partitions, done } => {
+                let mut failed = Vec::new();
+                for (topic, p) in partitions {
+                    if let Err(e) = shard.revalidate(&topic, p).await {
+                        failed.push(((topic, p), e));
+                    }
+                }
+                let _ = done.send(failed);
+            }
             ControlMsg::TakeOver { partitions, done } => {
                 let opens = partitions.into_iter().map(|(topic, p)| {
                     let shard = shard.clone();

@@ -148,6 +148,34 @@ impl Shard {
         }
     }
 
+    /// Cluster mode: keeps serving a partition only through a log that is still current. A
+    /// broker that applies a file which does not follow the one it applied before may have
+    /// missed files that moved the partition away and back; if another broker took it over
+    /// meanwhile (its take-over raised the stored epoch past this log's), this log's view of
+    /// the partition's end is stale, so the partition is relinquished and taken over again.
+    pub async fn revalidate(&self, topic_name: &str, partition: i32) -> Result<(), String> {
+        let Some(topic) = self.catalog.snapshot().get(topic_name).cloned() else {
+            return Ok(());
+        };
+        let Some(log) = self.open_partition(topic.id, partition) else {
+            return Ok(());
+        };
+        let stored = kaas_storage::stored_leader_epoch(log.dir()).map_err(|e| e.to_string())?;
+        if stored <= log.leader_epoch().0 {
+            return Ok(());
+        }
+        tracing::warn!(
+            topic = topic_name,
+            partition,
+            stored_epoch = stored,
+            our_epoch = log.leader_epoch().0,
+            "another broker led this partition since it was opened here: reopening it"
+        );
+        drop(log);
+        self.relinquish(topic_name, partition).await;
+        self.take_over(topic_name, partition).await
+    }
+
     async fn close_partition(&self, topic_id: Uuid, partition: i32) {
         let slot = self.partitions.borrow_mut().remove(&(topic_id, partition));
         let Some(slot) = slot else { return };

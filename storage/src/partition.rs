@@ -188,7 +188,12 @@ pub struct PartitionLog {
     /// The cleaner checkpoint: every segment below this offset has been compacted, so its keys
     /// are unique among themselves (persisted in `cleaner-checkpoint`).
     cleaner_checkpoint: Cell<i64>,
+    /// See [`PartitionLog::generation`].
+    generation: u64,
 }
+
+/// Source of [`PartitionLog::generation`].
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl PartitionLog {
     /// Opens (creating if needed) the partition in `dir`, recovering every segment: each batch
@@ -376,11 +381,21 @@ impl PartitionLog {
             data_waiters: RefCell::new(Vec::new()),
             closed: Cell::new(false),
             cleaner_checkpoint: Cell::new(cleaner_checkpoint),
+            generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }))
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+    /// A number no other log opened by this process has: tells a log apart from a later one of
+    /// the same partition (closed and opened again, e.g. relinquished and taken over).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// Whether [`Self::close`] (or `abandon`) ran: this handle's term as leader is over.
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
     }
     pub fn log_end_offset(&self) -> i64 {
         self.state.borrow().log_end_offset

@@ -43,20 +43,29 @@ pub use server::{HeartbeatServer, ServerConfig};
 /// after an election, one written by this controller at all). Pure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AckFloor {
-    /// Every broker must have applied a file newer than this `(controller_epoch,
-    /// assignment_version)`; `None` acknowledges any (tests of the stream alone).
+    /// Every broker must have applied at least this `(controller_epoch, assignment_version)`;
+    /// `None` acknowledges any (tests of the stream alone).
     all: Option<(u64, u64)>,
     /// Brokers that lost partitions: the file that took them.
     per_broker: BTreeMap<BrokerId, (u64, u64)>,
 }
 
 impl AckFloor {
-    /// No status is acknowledged before the broker applied a file of `controller_epoch`.
+    /// No status is acknowledged before the broker applied this controller's first file of
+    /// `controller_epoch`.
     pub fn for_epoch(controller_epoch: u64) -> Self {
         Self {
-            all: Some((controller_epoch, 0)),
+            all: Some((controller_epoch, 1)),
             per_broker: BTreeMap::new(),
         }
+    }
+
+    /// Every broker must also have applied `key`: at the start of a term, the newest file the
+    /// controller starts from. Files before it (a previous controller's, or this epoch's before
+    /// the term restarted) may have moved partitions by time, and this term's per-broker floors
+    /// do not know them.
+    pub fn raise_all(&mut self, key: (u64, u64)) {
+        self.all = Some(self.all.map_or(key, |all| all.max(key)));
     }
 
     /// `broker` lost a partition in the file `key`: it is acknowledged again once it applied it.
@@ -67,7 +76,7 @@ impl AckFloor {
 
     /// Whether a status from `broker` reporting the file `applied` may be acknowledged.
     pub fn allows(&self, broker: BrokerId, applied: (u64, u64)) -> bool {
-        self.all.is_none_or(|all| applied > all)
+        self.all.is_none_or(|all| applied >= all)
             && self.per_broker.get(&broker).is_none_or(|f| applied >= *f)
     }
 }
@@ -268,6 +277,10 @@ mod tests {
             "other brokers are not held back"
         );
         assert!(AckFloor::default().allows(BrokerId(1), (0, 0)));
+        // A term restarted within the epoch starts from the newest file it knows.
+        floor.raise_all((8, 6));
+        assert!(!floor.allows(BrokerId(2), (8, 5)));
+        assert!(floor.allows(BrokerId(2), (8, 6)));
     }
 
     // Only healthy, non-draining brokers seen within the timeout are alive; the pin always is.

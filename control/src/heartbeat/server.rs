@@ -174,6 +174,16 @@ impl HeartbeatServer {
             .broker_rows(previous, Instant::now(), self.shared.config.alive_timeout)
     }
 
+    /// No broker is acknowledged again until it reports having applied `key` (at least): the
+    /// file a new term starts from (see [`AckFloor::raise_all`]).
+    pub fn require_applied_by_all(&self, key: (u64, u64)) {
+        self.shared
+            .ack_floor
+            .lock()
+            .expect("ack floor lock")
+            .raise_all(key);
+    }
+
     /// `broker` lost a partition in the file `key` (about to be written): its statuses are not
     /// acknowledged again until it reports having applied that file (see [`AckFloor`]).
     pub fn require_applied(&self, broker: BrokerId, key: (u64, u64)) {

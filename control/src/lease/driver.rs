@@ -53,10 +53,6 @@ pub struct Leadership {
     /// instant after this one. A follower may keep acknowledging writes for a while after a
     /// read that shows its controller still holding the Lease (see `crate::handover`).
     pub observed_at: Option<Instant>,
-    /// When this broker first saw the record behind `holder` (after the read that returned it
-    /// completed): the record was written before this instant. A record unchanged for longer
-    /// than its holder's renew deadline proves that the holder is not acting as controller.
-    pub record_seen_since: Option<Instant>,
 }
 
 impl Leadership {
@@ -276,10 +272,6 @@ impl<B: LeaseBackend> ElectionDriver<B> {
                 .filter(|_| leader)
                 .map(|until| self.start + Duration::from_millis(until)),
             holder: seen.and_then(|r| r.holder.clone()),
-            record_seen_since: self
-                .state
-                .record_seen_since_ms()
-                .map(|ms| self.start + Duration::from_millis(ms)),
             epoch: match (leader, self.state.epoch()) {
                 (true, Some(epoch)) => epoch,
                 _ => seen.map_or(0, |r| r.lease_transitions),

@@ -18,12 +18,22 @@ use crate::errors;
 use crate::shard::Shard;
 use crate::topic_config;
 
-/// A partition's share of a produce request: topic, partition index, record set, and the
-/// signal that its append is done (dropped then, or on any earlier return).
-type PartitionWork = (Arc<TopicMeta>, i32, Bytes, Appended);
+/// A partition's share of a produce request: topic, partition index, record set.
+type PartitionWork = (Arc<TopicMeta>, i32, Bytes);
 
-/// Dropped by the owning shard once a partition's append has completed or was refused.
-type Appended = futures::channel::oneshot::Sender<()>;
+/// What the owning shard reports after a partition's append.
+#[derive(Clone)]
+enum Appended {
+    /// Answered (acks=0/1, a refusal, or an error).
+    Done(PartResult),
+    /// acks=all: written, to be acknowledged once durable. `log` identifies the log (its
+    /// leadership term) the write went to.
+    Pending {
+        result: PartResult,
+        end_offset: i64,
+        log: u64,
+    },
+}
 
 #[derive(Clone)]
 struct PartResult {
@@ -45,8 +55,9 @@ impl PartResult {
 }
 
 /// `None` for acks=0, which gets no response. `gate` opens once every partition's append is
-/// done: an acks=all request then waits for its sync while the connection's next request is
-/// already served (the order of effects is kept; see `crate::conn`).
+/// done: an acks=all request then waits for its sync (a second hop to each owning shard) while
+/// the connection's next request is already served (the order of effects is kept; see
+/// `crate::conn`).
 pub async fn produce(
     shard: &Rc<Shard>,
     req: ProduceRequest,
@@ -79,7 +90,6 @@ pub async fn produce(
     let mut slots: Vec<(usize, i32, Option<PartResult>)> = Vec::new();
     let mut work: Vec<(usize, PartitionWork)> = Vec::new();
     let mut work_slot: Vec<usize> = Vec::new();
-    let mut appends = Vec::new();
     for (ti, topic) in req.topic_data.iter().enumerate() {
         let meta = resolve_topic(shard, topic.name.as_str(), true);
         for p in &topic.partition_data {
@@ -90,12 +100,10 @@ pub async fn produce(
                 }
                 Ok(m) => {
                     let records = p.records.clone().unwrap_or_default();
-                    let (appended, done) = futures::channel::oneshot::channel();
-                    appends.push(done);
                     work_slot.push(slots.len());
                     work.push((
                         shard.owner_of(&m.name, p.index),
-                        (m.clone(), p.index, records, appended),
+                        (m.clone(), p.index, records),
                     ));
                     None
                 }
@@ -103,20 +111,53 @@ pub async fn produce(
             slots.push((ti, p.index, early));
         }
     }
-    let results = per_partition(
+    let metas: Vec<(usize, Arc<TopicMeta>, i32)> = work
+        .iter()
+        .map(|(owner, (m, p, _))| (*owner, m.clone(), *p))
+        .collect();
+    // Phase 1, the effect: every partition's append, on its owning shard.
+    let appended = per_partition(
         shard,
         work,
-        move |s, (meta, partition, records, appended)| {
-            produce_partition(s, meta, partition, records, acks, appended)
+        move |s, (meta, partition, records)| produce_partition(s, meta, partition, records, acks),
+        Appended::Done(PartResult::error(errors::NOT_LEADER_OR_FOLLOWER)),
+    )
+    .await;
+    // The appends are in the logs: the connection may dispatch its next request while this one
+    // waits for its sync.
+    gate.release();
+    // Phase 2, acks=all: wait for the group commit that covers each write, on its shard.
+    let mut waits = Vec::new();
+    let mut wait_index = Vec::new();
+    for (i, (a, (owner, meta, partition))) in appended.iter().zip(metas).enumerate() {
+        if let Appended::Pending {
+            result,
+            end_offset,
+            log,
+        } = a
+        {
+            wait_index.push(i);
+            waits.push((owner, (meta, partition, result.clone(), *end_offset, *log)));
+        }
+    }
+    let durable = per_partition(
+        shard,
+        waits,
+        |s, (meta, partition, result, end, log)| {
+            acknowledge_when_durable(s, meta, partition, result, end, log)
         },
         PartResult::error(errors::NOT_LEADER_OR_FOLLOWER),
-    );
-    let appended = async move {
-        // A sender dropped without a send (the common case) resolves its receiver too.
-        futures::future::join_all(appends).await;
-        gate.release();
-    };
-    let (results, ()) = futures::join!(results, appended);
+    )
+    .await;
+    let mut results: Vec<PartResult> = appended
+        .into_iter()
+        .map(|a| match a {
+            Appended::Done(r) | Appended::Pending { result: r, .. } => r,
+        })
+        .collect();
+    for (i, r) in wait_index.into_iter().zip(durable) {
+        results[i] = r;
+    }
     for (slot, r) in work_slot.into_iter().zip(results) {
         slots[slot].2 = Some(r);
     }
@@ -146,20 +187,21 @@ fn part_response(index: i32, r: &PartResult) -> PartitionProduceResponse {
         .with_log_start_offset(r.log_start_offset)
 }
 
-/// Runs on the shard that owns the partition.
+/// Runs on the shard that owns the partition: validate and append. acks=all is answered by
+/// [`acknowledge_when_durable`] once the write is durable.
 async fn produce_partition(
     shard: Rc<Shard>,
     meta: Arc<TopicMeta>,
     partition: i32,
     records: Bytes,
     acks: i16,
-    appended: Appended,
-) -> PartResult {
+) -> Appended {
+    let refuse = |code| Appended::Done(PartResult::error(code));
     let headers = match verify_produced_record_set(&records) {
         Ok(h) => h,
         Err(e) => {
             tracing::debug!(topic = %meta.name, partition, error = %e, "refusing produced batch");
-            return PartResult::error(errors::batch(&e));
+            return refuse(errors::batch(&e));
         }
     };
     let rules = topic_config::produce_rules(&meta.configs, &shard.catalog.broker_configs());
@@ -167,23 +209,23 @@ async fn produce_partition(
         .iter()
         .any(|h| h.total_len() > rules.max_batch_bytes)
     {
-        return PartResult::error(errors::MESSAGE_TOO_LARGE);
+        return refuse(errors::MESSAGE_TOO_LARGE);
     }
     if rules.keys_required && !all_keyed(&records, &headers) {
         // Kafka refuses the whole batch: a keyless record cannot be compacted.
-        return PartResult::error(errors::INVALID_RECORD);
+        return refuse(errors::INVALID_RECORD);
     }
     let log_append_time_ms = rules.log_append_time.then(now_ms);
     // Cluster mode: only the leader writes, and only while its write fence is open (see
     // kaas_control::handover); both are checked again before acknowledging.
     if !shard.serves(&meta.name, partition) || !shard.cluster.may_acknowledge() {
-        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
+        return refuse(errors::NOT_LEADER_OR_FOLLOWER);
     }
     let log = match shard.partition(&meta, partition).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(topic = %meta.name, partition, error = %e, "cannot open partition for produce");
-            return PartResult::error(errors::storage(&e));
+            return refuse(errors::storage(&e));
         }
     };
     let outcome = match log
@@ -195,33 +237,69 @@ async fn produce_partition(
             if matches!(e, kaas_storage::StorageError::Io { .. }) {
                 tracing::error!(topic = %meta.name, partition, error = %e, "append failed");
             }
-            return PartResult::error(errors::storage(&e));
+            return refuse(errors::storage(&e));
         }
     };
-    // The append's effect is in the log: the connection may dispatch its next request.
-    drop(appended);
-    if acks == -1 {
-        if let Err(e) = log.wait_durable(outcome.end_offset()).await {
-            tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
-            return PartResult::error(errors::storage(&e));
-        }
-    }
-    if !shard.cluster.may_acknowledge() {
-        // The fence closed while the write was in flight: a new leader may already have
-        // recovered the log without it, so it must not be acknowledged. The producer retries
-        // on the new leader (idempotence removes the copy if this one did land).
-        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
-    }
     let base_offset = match outcome {
         AppendOutcome::Appended { base_offset, .. }
         | AppendOutcome::Duplicate { base_offset, .. } => base_offset,
     };
-    PartResult {
+    let result = PartResult {
         error_code: errors::NONE,
         base_offset,
         log_start_offset: log.log_start_offset(),
         log_append_time_ms: log_append_time_ms.unwrap_or(-1),
+    };
+    if acks == -1 {
+        return Appended::Pending {
+            result,
+            end_offset: outcome.end_offset(),
+            log: log.generation(),
+        };
     }
+    Appended::Done(may_acknowledge(&shard, &meta, partition, &log, result))
+}
+
+/// Runs on the owning shard: answers an acks=all write once the sync covering it completed.
+async fn acknowledge_when_durable(
+    shard: Rc<Shard>,
+    meta: Arc<TopicMeta>,
+    partition: i32,
+    result: PartResult,
+    end_offset: i64,
+    generation: u64,
+) -> PartResult {
+    let log = shard
+        .open_partition(meta.id, partition)
+        .filter(|l| l.generation() == generation);
+    let Some(log) = log else {
+        // Relinquished (and perhaps taken over again) since the append.
+        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
+    };
+    if let Err(e) = log.wait_durable(end_offset).await {
+        tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
+        return PartResult::error(errors::storage(&e));
+    }
+    may_acknowledge(&shard, &meta, partition, &log, result)
+}
+
+/// The last check before a success goes out, after the write (and for acks=all its sync).
+fn may_acknowledge(
+    shard: &Shard,
+    meta: &TopicMeta,
+    partition: i32,
+    log: &kaas_storage::PartitionLog,
+    result: PartResult,
+) -> PartResult {
+    if !shard.cluster.may_acknowledge() || !shard.serves(&meta.name, partition) || log.is_closed() {
+        // The fence closed while the write was in flight, or the partition was relinquished
+        // meanwhile (and perhaps taken over again, with a new log): a new leader may already
+        // have recovered the log without this write, so it must not be acknowledged — even if
+        // a later acknowledgement of this broker's status reopened the fence. The producer
+        // retries on the new leader (idempotence removes the copy if this one did land).
+        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
+    }
+    result
 }
 
 /// Whether every record of every batch in `records` has a key (see `produce_rules`).
