@@ -7,6 +7,7 @@
 #   PyPI:   tests/requirements.txt (pytest, kafka-python, confluent-kafka, requests, ...)
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
+#   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver, franz-go's kgo test binary
 #
 # Environment: KAAS_SKIP_APT=1 skips apt-get (e.g. when not root).
 set -euo pipefail
@@ -83,4 +84,9 @@ log "Kafka jars in $libs ($(cat "$libs/.kafka-version" 2>/dev/null || echo '?'))
 # A real kube-apiserver (built from the Go module proxy, with Debian's etcd) for the kube
 # Lease backend's test (tests/test_kube_lease.py); ~6.5 min the first time, seconds after.
 "$here/install-kube-apiserver.sh"
+# helm and kubernetes-validate for the chart's tests (tests/test_deploy.py).
+bash "$here/install-deploy-deps.sh"
+# franz-go's kgo test binary for the client-suite ratchet (tests/test_client_suites.py):
+# module source from the Go module proxy, built once into ~/.cache/kaas/suites.
+python3 "$repo/tests/suites/franz_go.py"
 log "done"

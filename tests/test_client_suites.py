@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
 
 import franz_go  # noqa: E402
 
+LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
+
 
 def report(line: str) -> None:
     print(line)
@@ -31,7 +33,12 @@ def test_franz_go_kgo_suite_single_node(broker, tmp_path):
     broker: every test on the PASS list passes."""
     if broker.kind != "kaas":
         pytest.skip("the ratchet describes kaas")
-    run = franz_go.run_suite(broker.bootstrap, log_dir=tmp_path)
+    everything = franz_go.list_tests(franz_go.test_binary())
+    _, excluded = franz_go.load_expected("franz-go")
+    # The fast run leaves out the tests excluded by an unsupported feature (TestTxnEtl alone
+    # would wait out its 300 s cap); KAAS_LONG_TESTS=1 runs them too, to notice new passes.
+    only = everything if LONG else [t for t in everything if t not in excluded]
+    run = franz_go.run_suite(broker.bootstrap, only=only, log_dir=tmp_path)
     report(f"franz-go kgo {franz_go.VERSION} (single node): {run.summary()}")
     slow = sorted(run.seconds.items(), key=lambda kv: -kv[1])[:5]
     report("  slowest: " + ", ".join(f"{t} {s:.0f}s" for t, s in slow))

@@ -102,7 +102,7 @@ def run_suite(seeds: str, only: list[str] | None = None, cap_s: int = 300,
             p = subprocess.run([str(binary), "-test.run", f"^{re.escape(t)}$", "-test.v",
                                 "-test.timeout", f"{cap_s}s", "-test.count", "1"],
                                capture_output=True, text=True, env=env, timeout=cap_s + 30,
-                               cwd=binary.parent)
+                               cwd=binary.parent / "src" / "pkg" / "kgo")
             out = p.stdout + p.stderr
             if re.search(rf"^--- SKIP: {re.escape(t)}\b", out, re.M):
                 outcome = "skip"
@@ -141,3 +141,8 @@ def new_passes(run: SuiteRun, name: str) -> list[str]:
     """Excluded tests that passed this time: candidates for the PASS list."""
     _, excluded = load_expected(name)
     return sorted(t for t, o in run.results.items() if t in excluded and o == "pass")
+
+
+if __name__ == "__main__":
+    # scripts/install-test-deps.sh: fetch and build the test binary ahead of the test run.
+    print(f"franz-go kgo test binary: {test_binary()}")
