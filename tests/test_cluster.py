@@ -565,6 +565,18 @@ def verify(bootstrap: str, topic: str, partitions: int, loads: list[Load]) -> in
     return len(at)
 
 
+def settle_and_verify(c, load: Load, topic: str, partitions: int) -> int:
+    """After a fault run: every broker ready, leadership balanced, every partition writable
+    again, the load stopped with every record acknowledged; then the global invariants
+    (`verify`). Returns the number of records stored."""
+    c.wait_all_ready(timeout=90)
+    c.wait_settled(partitions, balanced=True, timeout=90)
+    load.wait_acks_everywhere_since(time.monotonic(), timeout=90)
+    load.stop()
+    load.check_client_side()
+    return verify(c.bootstrap(), topic, partitions, [load])
+
+
 # -- tests -------------------------------------------------------------------------------------
 
 @logs_on_failure
@@ -992,12 +1004,7 @@ def test_random_faults_under_load_lose_nothing(make_cluster):
         for n in c.nodes:
             if not n.alive():
                 n.start()
-        c.wait_all_ready(timeout=90)
-        c.wait_settled(12, balanced=True, timeout=90)
-        load.wait_acks_everywhere_since(time.monotonic(), timeout=90)
-        load.stop()
-        load.check_client_side()
-        n_stored = verify(c.bootstrap(), "chaos", 12, [load])
+        n_stored = settle_and_verify(c, load, "chaos", 12)
         print(f"chaos: {len(actions)} faults {actions}; {len(load.acked)} acks, {n_stored} stored")
     except BaseException:
         sys.stderr.write(f"\nchaos seed {seed}; faults so far: {actions}\n")
@@ -1033,12 +1040,7 @@ def test_paused_controller_cycles_never_ack_stale(make_cluster):
             time.sleep(random.uniform(0.5, 2.0))
             if i % 10 == 9:
                 print(f"pause cycle {i + 1}/{cycles}: {len(load.acked)} acks")
-        c.wait_all_ready(timeout=90)
-        c.wait_settled(12, balanced=True, timeout=90)
-        load.wait_acks_everywhere_since(time.monotonic(), timeout=90)
-        load.stop()
-        load.check_client_side()
-        n_stored = verify(c.bootstrap(), "pauses", 12, [load])
+        n_stored = settle_and_verify(c, load, "pauses", 12)
         print(f"{cycles} controller pauses: {len(load.acked)} acks, {n_stored} stored, 0 lost")
     finally:
         load.abort()
