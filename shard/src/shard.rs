@@ -182,7 +182,12 @@ impl Shard {
         let log = slot.log.borrow_mut().take();
         if let Some(log) = log {
             if let Err(e) = log.close().await {
-                tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition failed; the next open recovers it from its log");
+                if log.dir().exists() {
+                    tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition failed; the next open recovers it from its log");
+                } else {
+                    // Its topic was deleted (by another broker) while it closed: nothing is lost.
+                    tracing::debug!(shard = self.id, dir = %log.dir().display(), error = %e, "partition directory removed while closing");
+                }
             }
             self.probe
                 .partitions_open
