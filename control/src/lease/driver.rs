@@ -49,10 +49,6 @@ pub struct Leadership {
     /// status, which extends that broker's write fence) compare it with the clock at the moment
     /// of acting, so a process resumed from a pause cannot act on a stale `leader: true`.
     pub leader_until: Option<Instant>,
-    /// When the read behind `holder` and `epoch` *started*: the record was current at some
-    /// instant after this one. A follower may keep acknowledging writes for a while after a
-    /// read that shows its controller still holding the Lease (see `crate::handover`).
-    pub observed_at: Option<Instant>,
 }
 
 impl Leadership {
@@ -72,8 +68,6 @@ pub struct ElectionDriver<B> {
     start: Instant,
     io_timeout: Duration,
     last_seen: Option<LeaseRecord>,
-    /// Start of the read that produced `last_seen`.
-    observed_at: Option<Instant>,
     tx: watch::Sender<Leadership>,
 }
 
@@ -93,7 +87,6 @@ impl<B: LeaseBackend> ElectionDriver<B> {
             start: Instant::now(),
             io_timeout: Duration::from_millis(config.retry_period_ms),
             last_seen: None,
-            observed_at: None,
             tx,
         })
     }
@@ -155,7 +148,6 @@ impl<B: LeaseBackend> ElectionDriver<B> {
     /// One round: publish (so a passed deadline shows at once), read, step, write, publish.
     pub async fn round(&mut self) {
         self.publish();
-        let read_started = Instant::now();
         let observed = match self.bounded(self.backend.get()).await {
             Some(Ok(record)) => record,
             Some(Err(e)) => {
@@ -170,7 +162,6 @@ impl<B: LeaseBackend> ElectionDriver<B> {
             }
         };
         self.last_seen = Some(observed.clone());
-        self.observed_at = Some(read_started);
         match self.state.step(&observed, self.now_ms()) {
             ElectionAction::Acquire { new_record } => {
                 let result = self.write(&new_record).await;
@@ -265,7 +256,6 @@ impl<B: LeaseBackend> ElectionDriver<B> {
         let seen = self.last_seen.as_ref();
         let view = Leadership {
             leader,
-            observed_at: self.observed_at,
             leader_until: self
                 .state
                 .leader_until_ms()
