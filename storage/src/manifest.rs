@@ -47,14 +47,10 @@ impl Manifest {
     /// write happened in between; durability is not needed for that (a power cut stops the
     /// claimant as well), and the first write under the epoch stores the manifest durably.
     pub fn store_visible(&self, dir: &Path) -> Result<(), StorageError> {
-        let target = path(dir);
-        let tmp = tmp_path(&target);
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec_pretty(self).expect("manifest serializes"),
+        replace_visible(
+            &path(dir),
+            &serde_json::to_vec_pretty(self).expect("manifest serializes"),
         )
-        .map_err(|e| StorageError::io("writing", &tmp, e))?;
-        std::fs::rename(&tmp, &target).map_err(|e| StorageError::io("renaming into", &target, e))
     }
 
     /// Durably replaces the manifest. Blocking: a manifest is small and written only on open,
@@ -71,6 +67,14 @@ impl Manifest {
 /// deposed leader and its successor) may be replacing the same file at once.
 fn tmp_path(target: &Path) -> PathBuf {
     target.with_extension(format!("tmp.{}", std::process::id()))
+}
+
+/// tmp + rename, no fsync: other processes see the file wholly old or wholly new at once; after
+/// a crash it may be either, or missing. For files that only save work or claim an epoch.
+pub fn replace_visible(target: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let tmp = tmp_path(target);
+    std::fs::write(&tmp, bytes).map_err(|e| StorageError::io("writing", &tmp, e))?;
+    std::fs::rename(&tmp, target).map_err(|e| StorageError::io("renaming into", target, e))
 }
 
 /// tmp + fsync + rename + fsync(dir): the file is either wholly old or wholly new after a crash.

@@ -149,13 +149,10 @@ impl ProducerSnapshot {
     /// the segments' saved indexes, recovery sees that those segments hold batches the snapshot
     /// lacks and scans them, so a missing snapshot costs time, never correctness.
     pub fn store(&self, dir: &std::path::Path) -> Result<(), StorageError> {
-        let path = dir.join(SNAPSHOT_FILE);
-        // Unique per writer: in cluster mode a deposed leader and its successor may both be
-        // saving a snapshot of the same directory (one shard per partition in each process).
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(self).expect("snapshot serializes"))
-            .map_err(|e| StorageError::io("writing", &tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("renaming into", &path, e))
+        crate::manifest::replace_visible(
+            &dir.join(SNAPSHOT_FILE),
+            &serde_json::to_vec(self).expect("snapshot serializes"),
+        )
     }
 }
 
