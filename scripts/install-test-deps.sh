@@ -89,4 +89,7 @@ bash "$here/install-deploy-deps.sh"
 # franz-go's kgo test binary for the client-suite ratchet (tests/test_client_suites.py):
 # module source from the Go module proxy, built once into ~/.cache/kaas/suites.
 python3 "$repo/tests/suites/franz_go.py"
+# kafka-python's own integration suite (tests/test_suite_kafka_python.py): its PyPI sdist,
+# extracted into ~/.cache/kaas/suites with its codec libraries beside it.
+python3 "$repo/tests/suites/kafka_python.py"
 log "done"

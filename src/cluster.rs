@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kaas_control::assignment::{
-    assignment_path, claim_epoch, diff, read_assignment, write_fenced, Assignment,
-    AssignmentWatcher, Health, DEFAULT_POLL_INTERVAL,
+    assignment_chain, claim_epoch, diff, write_fenced, Assignment, AssignmentWatcher, FenceError,
+    Health, DEFAULT_POLL_INTERVAL,
 };
 use kaas_control::balancer::{AliveBrokers, BalancePlanner, BrokerId, TopicCounts, TopicPartition};
 use kaas_control::election::ElectionConfig;
@@ -169,7 +169,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         }
     };
 
-    let watcher = AssignmentWatcher::new(assignment_path(&config.data_dir), DEFAULT_POLL_INTERVAL);
+    let watcher = AssignmentWatcher::new(assignment_chain(&config.data_dir), DEFAULT_POLL_INTERVAL);
     let notifier = watcher.notifier();
     let lease_epoch = watcher.lease_epoch();
     let assignment_rx = watcher.subscribe();
@@ -593,36 +593,6 @@ async fn controller_loop(
         let serving = tokio::spawn(server.clone().serve(listener, async move {
             let _ = stop_rx.await;
         }));
-        // Claim assignment.json for this epoch before reading it: from here on a deposed
-        // controller's late write is refused, and one that landed earlier is read below.
-        let claim_path = assignment_path(&config.data_dir);
-        match tokio::task::spawn_blocking(move || claim_epoch(&claim_path, epoch)).await {
-            Ok(Ok(disk)) => {
-                // Files before this term may have moved partitions by time; this term's floors
-                // only know the files it writes (see kaas_control::heartbeat::AckFloor).
-                let base = [
-                    disk.map(|d| d.order_key()),
-                    accepted.borrow().as_ref().map(|a| a.order_key()),
-                ]
-                .into_iter()
-                .flatten()
-                .max();
-                if let Some(base) = base {
-                    server.require_applied_by_all(base);
-                }
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(epoch, "cannot claim assignment.json: {e}; retrying");
-                let _ = stop_tx.send(());
-                let _ = serving.await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-            Err(e) => {
-                tracing::error!("assignment claim task failed: {e}");
-                continue;
-            }
-        }
         let lead_start = Instant::now();
         // The holder before us (or an earlier one, never a later one): its own fence closed an
         // election gap before our start (see kaas_control::handover).
@@ -632,38 +602,57 @@ async fn controller_loop(
             .map(BrokerId);
         let mut alive = server.alive();
         // Rounds are cheap (the last file written is kept in memory; the file is read once per
-        // election), so they run often: a handover completes one round after it may.
+        // claim), so they run often: a handover completes one round after it may.
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last: Option<Arc<Assignment>> = None;
-        let mut rounds = 0u64;
-        loop {
-            if !leadership.borrow().leads_now() || leadership.borrow().epoch != epoch {
-                break;
-            }
-            // Every few seconds the file is read again instead of trusted from memory, so a
-            // write finished late by a deposed controller is replaced soon.
-            rounds += 1;
-            let round = recompute(
-                &config,
-                &shards,
-                &server,
-                (epoch, lead_start, prev_holder),
-                &leadership,
-                Bases {
-                    last: last.clone(),
-                    accepted: accepted.borrow().clone(),
-                    read_disk: last.is_none() || rounds.is_multiple_of(10),
-                },
-            );
-            match round.await {
-                Ok(written) => last = Some(written),
-                Err(e) => tracing::error!("writing assignment.json failed: {e:#}; retrying"),
-            }
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = alive.changed() => {}
-                r = leadership.changed() => if r.is_err() { return },
+        // Claim assignment.json for this epoch before deciding anything from it, and again
+        // whenever someone else wrote since (a write of ours was refused, or the periodic check
+        // below saw a newer version): see kaas_control::assignment::claim_epoch.
+        'claim: loop {
+            let Some(claimed) = claim(&config, &server, epoch, &accepted).await else {
+                break 'claim;
+            };
+            let mut seq = claimed.as_ref().map(|p| p.seq);
+            let mut last: Option<Arc<Assignment>> = claimed.map(|p| Arc::new(p.assignment));
+            let mut rounds = 0u64;
+            loop {
+                if !leadership.borrow().leads_now() || leadership.borrow().epoch != epoch {
+                    break 'claim;
+                }
+                rounds += 1;
+                if rounds.is_multiple_of(10) && !still_head(&config, seq, last.clone()).await {
+                    continue 'claim;
+                }
+                let round = recompute(
+                    &config,
+                    &shards,
+                    &server,
+                    (epoch, lead_start, prev_holder),
+                    &leadership,
+                    Bases {
+                        last: last.clone(),
+                        accepted: accepted.borrow().clone(),
+                        seq,
+                    },
+                );
+                match round.await {
+                    Ok((written, written_seq)) => {
+                        last = Some(written);
+                        seq = written_seq;
+                    }
+                    Err(e)
+                        if matches!(e.downcast_ref::<FenceError>(), Some(FenceError::Conflict)) =>
+                    {
+                        tracing::warn!(epoch, "{e:#}; claiming it again");
+                        continue 'claim;
+                    }
+                    Err(e) => tracing::error!("writing assignment.json failed: {e:#}; retrying"),
+                }
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = alive.changed() => {}
+                    r = leadership.changed() => if r.is_err() { return },
+                }
             }
         }
         tracing::info!(
@@ -672,7 +661,82 @@ async fn controller_loop(
         );
         let _ = stop_tx.send(());
         let _ = serving.await;
+        if leadership.borrow().leads_now() && leadership.borrow().epoch == epoch {
+            // Deposed by a newer controller's file before our Lease driver noticed: give it
+            // time to, rather than claiming again at once.
+            let _ = tokio::time::timeout(Duration::from_millis(500), leadership.changed()).await;
+        }
     }
+}
+
+/// Claims `assignment.json` for `epoch` (retrying while this broker still leads in it) and
+/// sets the term's acknowledgement floor to the file claimed. `None`: no longer the controller.
+async fn claim(
+    config: &ClusterConfig,
+    server: &HeartbeatServer,
+    epoch: u64,
+    accepted: &watch::Receiver<Option<Arc<Assignment>>>,
+) -> Option<Option<kaas_control::assignment::Published>> {
+    loop {
+        let chain = assignment_chain(&config.data_dir);
+        let known = accepted.borrow().clone();
+        let claimed =
+            tokio::task::spawn_blocking(move || claim_epoch(&chain, epoch, known.as_deref())).await;
+        match claimed {
+            Ok(Ok(published)) => {
+                // Files before this term may have moved partitions by time; this term's floors
+                // only know the files it writes (see kaas_control::heartbeat::AckFloor).
+                if let Some(p) = &published {
+                    server.require_applied_by_all(p.assignment.order_key());
+                }
+                return Some(published);
+            }
+            Ok(Err(e @ FenceError::Deposed { .. })) => {
+                tracing::warn!(epoch, "cannot claim assignment.json: {e}; stepping back");
+                return None;
+            }
+            Ok(Err(e)) => tracing::warn!(epoch, "cannot claim assignment.json: {e}; retrying"),
+            Err(e) => tracing::error!("assignment claim task failed: {e}; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether the chain's newest version is still the one this controller wrote last (`seq`);
+/// if so, also puts back a stale `assignment.json` copy (a deposed controller frozen between
+/// its write and its copy can leave an older one there, and operators read that file).
+async fn still_head(
+    config: &ClusterConfig,
+    seq: Option<u64>,
+    last: Option<Arc<Assignment>>,
+) -> bool {
+    let chain = assignment_chain(&config.data_dir);
+    tokio::task::spawn_blocking(move || {
+        let head = match chain.versions() {
+            Ok(v) => v.last().copied(),
+            Err(e) => {
+                tracing::warn!("listing assignment versions failed: {e}");
+                return true;
+            }
+        };
+        if head != seq {
+            return false;
+        }
+        if let Some(last) = last {
+            let bytes = last.to_json();
+            if kaas_control::chain::read_optional(&chain.mirror_path())
+                .ok()
+                .flatten()
+                .as_deref()
+                != Some(bytes.as_slice())
+            {
+                let _ = chain.mirror(&bytes);
+            }
+        }
+        true
+    })
+    .await
+    .unwrap_or(true)
 }
 
 async fn bind_heartbeat(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
@@ -692,14 +756,12 @@ struct Bases {
     last: Option<Arc<Assignment>>,
     /// The file this broker's watcher accepted (fenced by epoch).
     accepted: Option<Arc<Assignment>>,
-    /// Read `assignment.json` too (always right after the election: that is the one read a
-    /// new controller needs; then every few seconds, to replace a deposed controller's late
-    /// write).
-    read_disk: bool,
+    /// The chain version `last` was written as (or claimed from): the base of the next write.
+    seq: Option<u64>,
 }
 
 /// One controller round: plan, apply the handover rules, write the file if anything changed.
-/// Returns the file now in force.
+/// Returns the file now in force and its chain version.
 async fn recompute(
     config: &ClusterConfig,
     shards: &Shards,
@@ -707,29 +769,14 @@ async fn recompute(
     (epoch, lead_start, prev_holder): (u64, Instant, Option<BrokerId>),
     leadership: &watch::Receiver<Leadership>,
     bases: Bases,
-) -> anyhow::Result<Arc<Assignment>> {
-    let path = assignment_path(&config.data_dir);
-    let read_path = path.clone();
-    let (disk, bytes_read): (Option<Arc<Assignment>>, u64) = if bases.read_disk {
-        tokio::task::spawn_blocking(move || {
-            let bytes = std::fs::metadata(&read_path).map_or(0, |m| m.len());
-            read_assignment(&read_path).map(|a| (a.map(Arc::new), bytes))
-        })
-        .await
-        .context("assignment read task")?
-        .context("reading assignment.json")?
-    } else {
-        (None, 0)
-    };
-    // Start from the newest of the three by (epoch, version): a late write by a deposed
-    // controller carries a lower epoch, so it never becomes the base whatever its version,
-    // and the file we write next replaces it.
+) -> anyhow::Result<(Arc<Assignment>, Option<u64>)> {
+    // Start from the newer of the two by (epoch, version): a deposed controller's file
+    // carries a lower epoch, so it never becomes the base whatever its version.
     // Shared, not copied: this runs five times a second over every partition.
-    let previous: Option<Arc<Assignment>> = [bases.last, bases.accepted, disk.clone()]
+    let previous: Option<Arc<Assignment>> = [bases.last, bases.accepted]
         .into_iter()
         .flatten()
         .max_by_key(|a| a.order_key());
-    let disk_is_base = !bases.read_disk || disk == previous;
     // Age silent brokers out now rather than at the server's next 1 s refresh.
     server.refresh();
     let leading_for = lead_start.elapsed();
@@ -803,15 +850,17 @@ async fn recompute(
     }
     let mut next = Assignment::new(epoch, version, rows, partitions, []);
     next.pending = pending;
-    let unchanged = disk_is_base
-        && previous.as_ref().is_some_and(|p| {
-            p.controller_epoch == epoch
-                && p.brokers == next.brokers
-                && p.partitions == next.partitions
-                && p.pending == next.pending
-        });
+    let unchanged = previous.as_ref().is_some_and(|p| {
+        p.controller_epoch == epoch
+            && p.brokers == next.brokers
+            && p.partitions == next.partitions
+            && p.pending == next.pending
+    });
     if unchanged {
-        return Ok(previous.expect("unchanged implies a previous file"));
+        return Ok((
+            previous.expect("unchanged implies a previous file"),
+            bases.seq,
+        ));
     }
     // The exact gate, right before acting: a controller paused past its deadline must not
     // write (and if the write itself is what got paused, followers fence it by epoch).
@@ -832,12 +881,14 @@ async fn recompute(
         .filter(|(tp, l)| previous.as_ref().and_then(|p| p.leader(tp)) != Some(**l))
         .count();
     let pending_n = next.pending.len();
-    let write_path = path.clone();
+    let chain = assignment_chain(&config.data_dir);
     let bytes_next = next.clone();
-    tokio::task::spawn_blocking(move || write_fenced(&write_path, &bytes_next))
-        .await
-        .context("assignment write task")?
-        .with_context(|| format!("writing {}", path.display()))?;
+    let base_seq = bases.seq;
+    let written_seq =
+        tokio::task::spawn_blocking(move || write_fenced(&chain, base_seq, &bytes_next))
+            .await
+            .context("assignment write task")?
+            .context("writing assignment.json")?;
     server.assignment_changed(version);
     let written = Arc::new(next);
     tracing::info!(
@@ -847,12 +898,11 @@ async fn recompute(
         newly_led = moved,
         pending = pending_n,
         alive = ?alive.keys().map(|b| b.0).collect::<Vec<_>>(),
-        // What a recompute costs: one file read (plus the in-memory catalog) and the plan.
-        read_bytes = bytes_read,
+        seq = written_seq,
         ms_since_elected = leading_for.as_millis() as u64,
         "wrote assignment.json"
     );
-    Ok(written)
+    Ok((written, Some(written_seq)))
 }
 
 /// `/healthz` fields of cluster mode.

@@ -28,6 +28,7 @@ pub struct HealthView {
     config: Arc<BrokerConfig>,
     catalog: Arc<Catalog>,
     probes: Vec<Arc<ShardProbe>>,
+    admission: Arc<kaas_shard::admission::Admission>,
     /// Last tick seen per shard and when it was seen (control thread only).
     last_ticks: Mutex<Vec<(u64, Instant)>>,
     started: Instant,
@@ -38,6 +39,7 @@ impl HealthView {
         config: Arc<BrokerConfig>,
         catalog: Arc<Catalog>,
         probes: Vec<Arc<ShardProbe>>,
+        admission: Arc<kaas_shard::admission::Admission>,
     ) -> Self {
         let now = Instant::now();
         let last_ticks = Mutex::new(
@@ -51,6 +53,7 @@ impl HealthView {
             config,
             catalog,
             probes,
+            admission,
             last_ticks,
             started: now,
         }
@@ -108,6 +111,13 @@ impl HealthView {
             "partitions": partitions,
             "partitions_led": partitions,
             "shards": shards,
+            "limits": {
+                "connections_open": self.admission.open(),
+                "max_connections": self.admission.limits().connections,
+                "max_connections_per_ip": self.admission.limits().connections_per_ip,
+                "request_memory_bytes": self.admission.reserved(),
+                "queued_max_request_bytes": self.admission.limits().request_bytes,
+            },
         });
         let mut serving = true;
         if let Some(c) = self.cluster.get() {
@@ -217,6 +227,54 @@ impl HealthSource for HealthView {
                     .sum(),
             ),
         ];
+        let a = &self.admission;
+        let _ = writeln!(
+            out,
+            "# HELP kaas_connections_closed_total Connections the broker closed or refused, by reason.\n# TYPE kaas_connections_closed_total counter"
+        );
+        for (reason, counter) in [
+            ("idle", &a.closed_idle),
+            ("request_stalled", &a.closed_slow),
+            ("max_connections_per_ip", &a.refused_per_ip),
+        ] {
+            let _ = writeln!(
+                out,
+                "kaas_connections_closed_total{{reason=\"{reason}\"}} {}",
+                counter.load(Ordering::Relaxed)
+            );
+        }
+        let admission_series: [(&str, &str, &str, u64); 4] = [
+            (
+                "kaas_request_memory_bytes",
+                "gauge",
+                "Bytes of request bodies reserved now (broker-wide).",
+                a.reserved() as u64,
+            ),
+            (
+                "kaas_request_memory_limit_bytes",
+                "gauge",
+                "--queued-max-request-bytes.",
+                a.limits().request_bytes as u64,
+            ),
+            (
+                "kaas_request_memory_waits_total",
+                "counter",
+                "Times a connection stopped reading because the request memory budget was used up.",
+                a.memory_waits.load(Ordering::Relaxed),
+            ),
+            (
+                "kaas_accept_paused_total",
+                "counter",
+                "Times accepting paused because --max-connections were open.",
+                a.accept_paused.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, kind, help, v) in admission_series {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
         for (name, help, v) in counters {
             let _ = writeln!(
                 out,

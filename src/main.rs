@@ -50,6 +50,24 @@ struct Args {
     /// Largest request frame accepted, in bytes; larger ones close the connection.
     #[arg(long, env = "KAAS_MAX_FRAME_BYTES", default_value_t = 100 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=(1u64 << 31)))]
     max_frame_bytes: u64,
+    /// Bytes of request bodies being received or served at once, broker-wide (Kafka's
+    /// queued.max.request.bytes): when used up, connections stop reading until requests finish.
+    #[arg(long, env = "KAAS_QUEUED_MAX_REQUEST_BYTES", default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1 << 20..))]
+    queued_max_request_bytes: u64,
+    /// Open client connections, broker-wide; at the limit new ones wait (Kafka's max.connections).
+    #[arg(long, env = "KAAS_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    max_connections: u64,
+    /// Open client connections from one IP address; beyond it new ones are closed (Kafka's
+    /// max.connections.per.ip).
+    #[arg(long, env = "KAAS_MAX_CONNECTIONS_PER_IP", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    max_connections_per_ip: u64,
+    /// Close a connection with no request for this long (Kafka's connections.max.idle.ms).
+    #[arg(long, env = "KAAS_CONNECTIONS_MAX_IDLE_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    connections_max_idle_ms: u64,
+    /// Close a connection whose request body stops arriving: each 64 KiB of it (or its rest)
+    /// must arrive within this long.
+    #[arg(long, env = "KAAS_REQUEST_PROGRESS_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
+    request_progress_timeout_ms: u64,
     /// io_uring buffer memory per shard, in bytes (counts against RLIMIT_MEMLOCK).
     #[arg(long, env = "KAAS_IO_MEMORY_BYTES", default_value_t = 2 << 20)]
     io_memory_bytes: usize,
@@ -266,7 +284,39 @@ fn main() {
     }
 }
 
+/// Raises the soft limit on open files to the hard limit (shells default to 1,024, far below
+/// what partitions and connections need), and returns the limit now in force.
+fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we pass; no other memory is touched.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
+    let fd_limit = raise_fd_limit();
+    if fd_limit < 4096 {
+        tracing::warn!(
+            fd_limit,
+            "the open-file limit is low: each connection and each open partition log takes a descriptor; raise `ulimit -n` (hard limit) if clients see refused connections"
+        );
+    }
     let (advertised_host, advertised_port) = match &args.advertised_listener {
         Some(a) => parse_advertised(a)?,
         None => {
@@ -304,7 +354,20 @@ fn run(args: Args) -> anyhow::Result<()> {
         io_memory_bytes: args.io_memory_bytes,
         retention_check_interval_ms: args.retention_check_interval_ms,
         sync_scope: args.sync_scope,
+        limits: kaas_shard::admission::Limits {
+            request_bytes: args.queued_max_request_bytes as usize,
+            connections: args.max_connections as usize,
+            connections_per_ip: args.max_connections_per_ip as usize,
+        },
+        connections_max_idle_ms: args.connections_max_idle_ms,
+        request_progress_timeout_ms: args.request_progress_timeout_ms,
     };
+    anyhow::ensure!(
+        args.max_frame_bytes <= args.queued_max_request_bytes,
+        "--max-frame-bytes ({}) is larger than --queued-max-request-bytes ({}): a request that large could never be read",
+        args.max_frame_bytes,
+        args.queued_max_request_bytes
+    );
     uring_check::check(args.io_memory_bytes, shards)?;
     // Brokers of a cluster share the data directory: each locks its own id there instead.
     let lock_name = match args.lease {
@@ -349,6 +412,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         runtime.config.clone(),
         runtime.catalog.clone(),
         runtime.probes.clone(),
+        runtime.admission.clone(),
     ));
     let shards_for_cluster = cluster::Shards {
         view: view.clone(),

@@ -70,8 +70,9 @@ class Broker:
     external = False
 
     def __init__(self, workdir: Path, kind: str = "kaas", shards: int = 2,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, extra_args=()):
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, extra_args=(), preexec_fn=None):
         self.kind = kind
+        self.preexec_fn = preexec_fn
         self.workdir = Path(workdir)
         self.data_dir = self.workdir / "data"
         self.log_path = self.workdir / f"{kind}.log"
@@ -126,7 +127,7 @@ class Broker:
             env.setdefault("KAFKA_HEAP_OPTS", "-Xmx1g -Xms512m")
         self.proc = subprocess.Popen(
             self.command(), stdin=subprocess.DEVNULL, stdout=self._log_file,
-            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=self.preexec_fn,
         )
         self.starts += 1
         self.wait_ready(timeout)

@@ -47,3 +47,26 @@ def test_franz_go_kgo_suite_single_node(broker, tmp_path):
         report(f"  newly passing (add to the PASS list): {' '.join(fresh)}")
     problems = franz_go.check_ratchet(run, "franz-go")
     assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.suite
+@pytest.mark.long
+@pytest.mark.skipif(not LONG, reason="the suites against a cluster: set KAAS_LONG_TESTS=1")
+@pytest.mark.timeout(5400)
+def test_franz_go_kgo_suite_cluster(tmp_path):
+    """franz-go's kgo integration tests against three kaas brokers in cluster mode (file Lease,
+    one shared data directory), seeded with all three: the same PASS list must pass."""
+    if os.environ.get("KAAS_TEST_BOOTSTRAP") or os.environ.get("KAAS_TEST_APACHE_KAFKA", "") not in ("", "0"):
+        pytest.skip("cluster mode starts its own kaas brokers")
+    from kcluster import Cluster
+    c = Cluster(tmp_path / "cluster", 3, auto_create=1)
+    try:
+        c.start()
+        _, excluded = franz_go.load_expected("franz-go")
+        only = [t for t in franz_go.list_tests(franz_go.test_binary()) if t not in excluded]
+        run = franz_go.run_suite(c.bootstrap(), only=only, log_dir=tmp_path)
+        report(f"franz-go kgo {franz_go.VERSION} (3-broker cluster): {run.summary()}")
+        problems = franz_go.check_ratchet(run, "franz-go")
+        assert not problems, "\n\n".join(problems)
+    finally:
+        c.close()

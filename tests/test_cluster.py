@@ -11,343 +11,28 @@ with KAAS_LONG_TESTS=1 (its length: KAAS_CHAOS_SECONDS, default 240; seed: KAAS_
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from conftest import free_port, kaas_bin
-
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
 
-LEASE_ARGS = ["--lease-duration-ms", "3000", "--lease-renew-deadline-ms", "2000",
-              "--lease-retry-period-ms", "500"]
-DRAIN_TIMEOUT_MS = 30000
-START_TIMEOUT_S = 60.0
-# How long a partition may go without a leader after its leader dies. With 3 s Leases, a 2.5 s
-# write fence and a 1 s handover margin the design needs about 4–7 s; the rest is slack for a
-# loaded 2-core machine running debug builds.
-FAILOVER_BOUND_S = 15.0
-SETTLE_TIMEOUT_S = 60.0
+from kcluster import DRAIN_TIMEOUT_MS, FAILOVER_BOUND_S, Cluster, logs_on_failure
+from kcluster import make_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("KAAS_TEST_BOOTSTRAP")) or os.environ.get("KAAS_TEST_APACHE_KAFKA", "") not in ("", "0"),
     reason="cluster mode tests start their own kaas brokers")
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-class Node:
-    """One kaas broker process of a cluster (it can be killed, paused and started again with
-    the same id, ports and shared data dir)."""
-
-    def __init__(self, cluster: "Cluster", broker_id: int):
-        self.cluster = cluster
-        self.id = broker_id
-        self.port, self.health_port, self.heartbeat_port = (cluster.port() for _ in range(3))
-        self.log_path = cluster.root / f"broker-{broker_id}.log"
-        self.proc: subprocess.Popen | None = None
-        self.paused = False
-        self.starts = 0
-        self._log = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def command(self) -> list[str]:
-        return [
-            str(kaas_bin()), "--lease", "file", "--broker-id", str(self.id),
-            "--data-dir", str(self.cluster.data_dir),
-            "--listen", self.bootstrap,
-            "--health-listen", f"127.0.0.1:{self.health_port}",
-            "--heartbeat-listen", f"127.0.0.1:{self.heartbeat_port}",
-            "--shards", "1", *LEASE_ARGS,
-            "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
-            "--auto-create-topics", "false",
-            "--log", "info", *self.cluster.extra_args,
-        ]
-
-    def start(self) -> None:
-        assert not self.alive(), f"broker {self.id} already running"
-        if not kaas_bin().exists():
-            raise RuntimeError(f"kaas binary not found at {kaas_bin()} (set KAAS_BIN)")
-        self._close_log()
-        self._log = open(self.log_path, "ab")
-        self._log.write(f"\n===== start #{self.starts + 1}: {' '.join(self.command())}\n".encode())
-        self._log.flush()
-        env = dict(os.environ, RUST_BACKTRACE="1", NO_COLOR="1")
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.paused = False
-        self.starts += 1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def running(self) -> bool:
-        """Alive and not paused: expected to answer."""
-        return self.alive() and not self.paused
-
-    def note(self, msg: str) -> None:
-        if self._log and not self._log.closed:
-            self._log.write(f"===== test harness {time.strftime('%H:%M:%S')}: {msg}\n".encode())
-            self._log.flush()
-
-    def signal(self, sig: int) -> None:
-        assert self.alive(), f"broker {self.id} is not running"
-        self.note(f"sending {signal.Signals(sig).name}")
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.alive():
-            self.note("SIGKILL")
-            self.proc.kill()
-            self.proc.wait(10)
-        self.paused = False
-
-    def pause(self) -> None:
-        self.signal(signal.SIGSTOP)
-        self.paused = True
-
-    def resume(self) -> None:
-        self.signal(signal.SIGCONT)
-        self.paused = False
-
-    def _get(self, path: str, timeout: float = 2.0):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=timeout) as r:
-            return r.status, r.read()
-
-    def healthz(self) -> dict | None:
-        """The `cluster` object of /healthz, or None if the broker does not answer."""
-        if not self.running():
-            return None
-        try:
-            _, body = self._get("/healthz")
-            return json.loads(body)["cluster"]
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            return None
-
-    def ready(self) -> bool:
-        if not self.running():
-            return False
-        try:
-            return self._get("/readyz")[0] == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
-    def close(self) -> None:
-        if self.alive():
-            if self.paused:
-                self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log and not self._log.closed:
-            self._log.close()
-
-    def log_tail(self, max_chars: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-max_chars:]
-        except FileNotFoundError:
-            return ""
-
-
-class Cluster:
-    """N brokers sharing one data dir, with helpers to read the shared state."""
-
-    def __init__(self, root: Path, n: int, extra_args=()):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.data_dir = self.root / "data"
-        self.data_dir.mkdir(exist_ok=True)
-        self.extra_args = list(extra_args)
-        self._ports: set[int] = set()
-        self.nodes = [Node(self, i) for i in range(n)]
-
-    def port(self) -> int:
-        while True:
-            p = free_port()
-            if p not in self._ports:
-                self._ports.add(p)
-                return p
-
-    @property
-    def assignment_path(self) -> Path:
-        return self.data_dir / "__cluster" / "assignment.json"
-
-    @property
-    def lease_path(self) -> Path:
-        return self.data_dir / "__cluster" / "lease.json"
-
-    def bootstrap(self, nodes=None) -> str:
-        return ",".join(n.bootstrap for n in (nodes or self.nodes))
-
-    def running(self) -> list[Node]:
-        return [n for n in self.nodes if n.running()]
-
-    def start(self) -> None:
-        for n in self.nodes:
-            n.start()
-        self.wait_all_ready()
-        self.wait_controller()
-
-    def wait_all_ready(self, nodes=None, timeout: float = START_TIMEOUT_S) -> None:
-        nodes = nodes or self.nodes
-
-        def ready():
-            for n in nodes:
-                if not n.alive():
-                    raise AssertionError(f"broker {n.id} exited with {n.proc.returncode} while starting")
-            return all(n.ready() for n in nodes)
-        self.wait(ready, timeout, f"brokers {[n.id for n in nodes]} ready")
-
-    def assignment(self) -> dict | None:
-        try:
-            return json.loads(self.assignment_path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def health(self) -> dict[int, dict | None]:
-        return {n.id: n.healthz() for n in self.running()}
-
-    def controller(self) -> Node | None:
-        """The one running broker reporting is_controller, if all running brokers agree on it."""
-        hs = self.health()
-        if any(h is None for h in hs.values()):
-            return None
-        ctl = [i for i, h in hs.items() if h["is_controller"]]
-        if len(ctl) != 1 or any(h["controller_id"] != ctl[0] for h in hs.values()):
-            return None
-        return self.nodes[ctl[0]]
-
-    def wait_controller(self, timeout: float = START_TIMEOUT_S, newer_than: int = -1) -> Node:
-        def check():
-            c = self.controller()
-            if c is None:
-                return None
-            h = c.healthz()
-            return c if h and h["lease_epoch"] > newer_than else None
-        return self.wait(check, timeout, f"one controller agreed by all (lease epoch > {newer_than})")
-
-    def settled(self, total: int, balanced: bool = False):
-        """The assignment file with `total` partitions, nothing pending, every partition on a
-        running broker, and every running broker having applied that file and leading exactly
-        its share. Returns (assignment, {id: led}) or None."""
-        a = self.assignment()
-        if a is None or a.get("pending") or len(a["partitions"]) != total:
-            return None
-        live = {n.id for n in self.running()}
-        counts = Counter(p["leader"] for p in a["partitions"])
-        if not set(counts) <= live:
-            return None
-        led = {}
-        for i, h in self.health().items():
-            if h is None or (h["controller_epoch"], h["assignment_version"]) != (a["controller_epoch"], a["assignment_version"]):
-                return None
-            if h["partitions_led"] != counts.get(i, 0) or h["partitions_pending_handover"]:
-                return None
-            led[i] = h["partitions_led"]
-        if sum(led.values()) != total:
-            return None
-        if balanced and max(led.values()) - min(led.values()) > 1:
-            return None
-        return a, led
-
-    def wait_settled(self, total: int, balanced: bool = False, timeout: float = SETTLE_TIMEOUT_S):
-        return self.wait(lambda: self.settled(total, balanced), timeout,
-                         f"{total} partitions led by running brokers{' evenly' if balanced else ''}")
-
-    def describe(self) -> str:
-        a = self.assignment()
-        lines = []
-        if a is not None:
-            counts = Counter(p["leader"] for p in a["partitions"])
-            lines.append(f"assignment.json: epoch {a['controller_epoch']} version {a['assignment_version']}"
-                         f" leaders {dict(sorted(counts.items()))} pending {a.get('pending')}"
-                         f" brokers {[(b['id'], b['health']) for b in a['brokers']]}")
-        try:
-            lines.append(f"lease.json: {json.loads(self.lease_path.read_text())}")
-        except (FileNotFoundError, ValueError):
-            pass
-        for n in self.nodes:
-            state = "paused" if n.paused else ("alive" if n.alive() else "down")
-            h = n.healthz()
-            if h:
-                h = {k: v for k, v in h.items() if k != "brokers"}
-            lines.append(f"broker {n.id} ({state}): {h}")
-        return "\n".join(lines)
-
-    def wait(self, check, timeout: float, what: str, interval: float = 0.1):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = check()
-            if v:
-                return v
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.describe()}")
-            time.sleep(interval)
-
-    def close(self) -> None:
-        for n in self.nodes:
-            n.close()
-
-    def log_tails(self) -> str:
-        return "".join(f"\n----- broker {n.id} log ({n.log_path}) -----\n{n.log_tail()}\n" for n in self.nodes)
-
-
-_CLUSTERS: list[Cluster] = []
-
-
-@pytest.fixture
-def make_cluster(tmp_path):
-    """Starts clusters for one test; every broker is killed at teardown."""
-    made: list[Cluster] = []
-
-    def factory(n: int = 3, extra_args=()) -> Cluster:
-        c = Cluster(tmp_path / f"cluster{len(made)}", n, extra_args)
-        made.append(c)
-        _CLUSTERS.append(c)
-        c.start()
-        return c
-
-    yield factory
-    for c in made:
-        c.close()
-        _CLUSTERS.remove(c)
-
-
-def logs_on_failure(fn):
-    """Prints the brokers' state and log tails (into the failing test's captured output)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except BaseException:
-            for c in list(_CLUSTERS):
-                try:
-                    sys.stderr.write(f"\n===== cluster state at failure ({c.root})\n{c.describe()}\n")
-                except Exception as e:  # the state dump must not hide the failure
-                    sys.stderr.write(f"(state unavailable: {e})\n")
-                sys.stderr.write(c.log_tails())
-            raise
-    return wrapper
 
 
 # -- clients -----------------------------------------------------------------------------------
@@ -392,6 +77,12 @@ class Load:
             "error_cb": self._on_error,
         })
         self.acked: dict[tuple[int, int], bytes] = {}
+        # librdkafka's "implicit acks": a request that timed out (or whose connection broke)
+        # with its fate unknown, followed by a later batch of the same partition that
+        # succeeded, proves the first was stored; librdkafka then reports it delivered with no
+        # offset (rdkafka_request.c, rd_kafka_handle_idempotent_Produce_success). Kafka gives
+        # the same when its response is lost. Checked by value in `verify`.
+        self.acked_no_offset: list[tuple[int, bytes]] = []
         self.ack_times: list[tuple[float, int]] = []  # (monotonic time, partition)
         self.failed: list[tuple[int, bytes, str]] = []
         self.double_acks: list[tuple[int, int]] = []
@@ -409,6 +100,10 @@ class Load:
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
             self.failed.append((msg.partition(), msg.value(), str(err)))
+            return
+        if msg.offset() is None or msg.offset() < 0:
+            self.acked_no_offset.append((msg.partition(), msg.value()))
+            self.ack_times.append((time.monotonic(), msg.partition()))
             return
         key = (msg.partition(), msg.offset())
         if key in self.acked:
@@ -488,7 +183,71 @@ class Load:
         assert not self.failed, (f"{len(self.failed)} of {self.sent} records failed delivery"
                                  f" (the brokers were available well within delivery.timeout.ms),"
                                  f" e.g. {self.failed[:5]}")
-        assert len(self.acked) == self.sent, f"{len(self.acked)} acknowledged of {self.sent} sent"
+        n_acked = len(self.acked) + len(self.acked_no_offset)
+        assert n_acked == self.sent, f"{n_acked} acknowledged of {self.sent} sent"
+
+
+class Tail:
+    """A consumer reading every partition from the start while faults happen, with
+    `auto.offset.reset=error`: where librdkafka detects a log truncation after a leader change
+    (OffsetForLeaderEpoch answered an end offset below what it had already read) it reports an
+    error instead of silently skipping records. `check` then asserts there was none and that it
+    read every stored record once, in offset order, with no gap."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int):
+        self.topic, self.partitions = topic, partitions
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"tail-{topic}", "enable.auto.commit": False,
+            "auto.offset.reset": "error", "check.crcs": True, "fetch.error.backoff.ms": 100,
+            "topic.metadata.refresh.interval.ms": 2000, "log.connection.close": False,
+        })
+        self.read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tail-{topic}", daemon=True)
+
+    def _run(self) -> None:
+        self.consumer.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
+        while not self._stop.is_set():
+            for m in self.consumer.consume(1000, 0.2):
+                if m.error():
+                    self.errors.append(f"partition {m.partition()}: {m.error()}")
+                else:
+                    self.read[m.partition()].append((m.offset(), m.value()))
+
+    def start(self) -> "Tail":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(30)
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+
+    def check(self, stored_counts: dict[int, tuple[int, int]], timeout_s: float = 90.0) -> int:
+        """Waits (bounded) until it read up to each partition's high watermark in
+        `stored_counts` ({p: (log start, high watermark)}), stops, and checks. Returns the
+        number of records it read."""
+        deadline = time.monotonic() + timeout_s
+        def behind():
+            return {p: (len(self.read[p]), h - low) for p, (low, h) in stored_counts.items()
+                    if len(self.read[p]) < h - low}
+        while behind() and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.stop()
+        assert not self.errors, (f"the tailing consumer (auto.offset.reset=error) got {len(self.errors)}"
+                                 f" errors, e.g. {self.errors[:5]}")
+        assert not behind(), f"the tailing consumer read only (got, stored) {behind()} in {timeout_s:.0f}s"
+        for p, recs in self.read.items():
+            offsets = [o for o, _ in recs]
+            low = stored_counts[p][0]
+            assert offsets == list(range(low, low + len(recs))), (
+                f"partition {p}: the tailing consumer's offsets are not contiguous from {low}"
+                f" (first gap after {next((a for a, b in zip(offsets, offsets[1:]) if b != a + 1), None)})")
+        return sum(map(len, self.read.values()))
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, timeout_s: float = 120.0):
@@ -524,12 +283,19 @@ def parse_value(v: bytes) -> tuple[str, int, int]:
     return tag, int(p), int(seq)
 
 
-def verify(bootstrap: str, topic: str, partitions: int, loads: list[Load]) -> int:
+def verify(bootstrap: str, topic: str, partitions: int, loads: list[Load], tail: "Tail | None" = None) -> int:
     """The global invariants over everything stored in `topic`, written only by `loads` (in
     that order): every acknowledged value at its acknowledged offset, no value stored twice,
     no value that was never sent, contiguous offsets, per-partition produce order. Returns the
     number of records stored."""
     stored = read_all(bootstrap, topic, partitions)
+    if tail is not None:
+        counts = {p: (start, start + len(recs)) for p, (start, recs) in stored.items()}
+        n_tail = tail.check(counts)
+        for p, (_, recs) in stored.items():
+            assert tail.read[p] == recs[:len(tail.read[p])], (
+                f"partition {p}: the tailing consumer read other values than are stored")
+        print(f"tailing consumer (auto.offset.reset=error): {n_tail} records, no error, no gap")
     order = {load.tag: i for i, load in enumerate(loads)}
     at = {(p, off): v for p, (_, recs) in stored.items() for off, v in recs}
 
@@ -540,6 +306,11 @@ def verify(bootstrap: str, topic: str, partitions: int, loads: list[Load]) -> in
                 wrong.append((key, v, at.get(key)))
     assert not wrong, (f"{len(wrong)} acknowledged records missing or changed"
                        f" ((partition, offset), acknowledged value, stored value): {wrong[:10]}")
+
+    where = {v: p for (p, _), v in at.items()}
+    unplaced = [(p, v) for load in loads for p, v in load.acked_no_offset if where.get(v) != p]
+    assert not unplaced, (f"{len(unplaced)} records acknowledged without an offset are not stored in"
+                          f" their partition: {unplaced[:10]}")
 
     dups = [v for v, n in Counter(at.values()).items() if n > 1]
     assert not dups, f"{len(dups)} values stored more than once, e.g. {[(v, [k for k, x in at.items() if x == v]) for v in dups[:5]]}"
@@ -559,13 +330,14 @@ def verify(bootstrap: str, topic: str, partitions: int, loads: list[Load]) -> in
 
     # With every record acknowledged (checked on the client side), the log holds exactly them.
     acked_values = {v for load in loads for v in load.acked.values()}
+    acked_values |= {v for load in loads for _, v in load.acked_no_offset}
     extra = set(at.values()) - acked_values
     if all(not load.failed for load in loads):
         assert not extra, f"{len(extra)} stored values were never acknowledged: {sorted(extra)[:10]}"
     return len(at)
 
 
-def settle_and_verify(c, load: Load, topic: str, partitions: int) -> int:
+def settle_and_verify(c, load: Load, topic: str, partitions: int, tail: Tail | None = None) -> int:
     """After a fault run: every broker ready, leadership balanced, every partition writable
     again, the load stopped with every record acknowledged; then the global invariants
     (`verify`). Returns the number of records stored."""
@@ -574,7 +346,7 @@ def settle_and_verify(c, load: Load, topic: str, partitions: int) -> int:
     load.wait_acks_everywhere_since(time.monotonic(), timeout=90)
     load.stop()
     load.check_client_side()
-    return verify(c.bootstrap(), topic, partitions, [load])
+    return verify(c.bootstrap(), topic, partitions, [load], tail)
 
 
 # -- tests -------------------------------------------------------------------------------------
@@ -655,6 +427,7 @@ def test_controller_sigkill_under_load_loses_nothing(make_cluster):
     acknowledged record is stored exactly once at its offset, in order."""
     c = make_cluster(3)
     load = start_load(c)
+    tail = Tail(c.bootstrap(), "load", 12).start()
     try:
         victim, new_ctl, failover_s, old_epoch, acked_at_kill = sigkill_under_load(c, load, victim_is_controller=True)
         h = new_ctl.healthz()
@@ -668,12 +441,13 @@ def test_controller_sigkill_under_load_loses_nothing(make_cluster):
         load.wait_acks(len(load.acked) + 500, timeout=60)
         load.stop()
         load.check_client_side()
-        n = verify(c.bootstrap(c.running()), "load", 12, [load])
+        n = verify(c.bootstrap(c.running()), "load", 12, [load], tail)
         print(f"\ncontroller SIGKILL: failover (kill -> all 12 partitions led by survivors) {failover_s:.2f}s;"
               f" every partition acknowledged again {acks_everywhere - recovered:.2f}s after that;"
               f" {acked_at_kill} acks before the kill, {len(load.acked)} in all, {n} stored")
         assert failover_s < FAILOVER_BOUND_S, f"failover took {failover_s:.1f}s"
     finally:
+        tail.stop()
         load.abort()
 
 
@@ -809,8 +583,9 @@ def test_paused_controller_cannot_write_assignments(make_cluster):
 
 @logs_on_failure
 def test_stale_assignment_file_is_not_applied(make_cluster):
-    """An assignment.json stamped with a deposed controller's epoch (as a paused controller
-    finishing a write late would leave) is applied by no broker, even with a higher version,
+    """A newest assignment version stamped with a deposed controller's epoch (as a paused
+    controller finishing a write late would leave, if the compare-and-swap let it) is applied by
+    no broker, even with a higher version,
     and the controller does not adopt its layout: leaders stay where the live epoch put them."""
     c = make_cluster(3)
     create_topic(c.bootstrap(), "stale", 12)
@@ -836,9 +611,13 @@ def test_stale_assignment_file_is_not_applied(make_cluster):
     for p in forged["partitions"]:
         p["leader"] = target.id
     forged.pop("pending", None)
+    # As the newest version of the file (assignment.<n>.json; assignment.json is its copy).
+    versions = [int(m.group(1)) for f in c.assignment_path.parent.iterdir()
+                if (m := re.fullmatch(r"assignment\.(\d+)\.json", f.name))]
     tmp = c.assignment_path.with_name("assignment.json.forged")
     tmp.write_text(json.dumps(forged, indent=2))
-    os.replace(tmp, c.assignment_path)
+    os.link(tmp, c.assignment_path.with_name(f"assignment.{max(versions) + 1}.json"))
+    tmp.unlink()
     for n in c.nodes:
         n.note(f"test wrote a forged assignment.json: epoch {old_epoch}, version {forged['assignment_version']}, all partitions on {target.id}")
 
@@ -967,6 +746,7 @@ def test_kill_and_restart_a_broker_rebalances(make_cluster):
 
 
 @pytest.mark.long
+@pytest.mark.timeout(5400)
 @pytest.mark.skipif(not LONG, reason="long chaos test: set KAAS_LONG_TESTS=1")
 @logs_on_failure
 def test_random_faults_under_load_lose_nothing(make_cluster):
@@ -980,6 +760,7 @@ def test_random_faults_under_load_lose_nothing(make_cluster):
     create_topic(c.bootstrap(), "chaos", 12)
     c.wait_settled(12, balanced=True)
     load = Load(c.bootstrap(), "chaos", 12, "a").start()
+    tail = Tail(c.bootstrap(), "chaos", 12).start()
     actions = []
     try:
         load.wait_acks(300)
@@ -1010,16 +791,18 @@ def test_random_faults_under_load_lose_nothing(make_cluster):
         for n in c.nodes:
             if not n.alive():
                 n.start()
-        n_stored = settle_and_verify(c, load, "chaos", 12)
-        print(f"chaos: {len(actions)} faults {actions}; {len(load.acked)} acks, {n_stored} stored")
+        n_stored = settle_and_verify(c, load, "chaos", 12, tail)
+        print(f"chaos: {len(actions)} faults {actions}; {len(load.acked)} acks with offsets, {len(load.acked_no_offset)} implicit, {n_stored} stored")
     except BaseException:
         sys.stderr.write(f"\nchaos seed {seed}; faults so far: {actions}\n")
         raise
     finally:
+        tail.stop()
         load.abort()
 
 
 @pytest.mark.long
+@pytest.mark.timeout(5400)
 @pytest.mark.skipif(not LONG, reason="long pause test: set KAAS_LONG_TESTS=1")
 @logs_on_failure
 def test_paused_controller_cycles_never_ack_stale(make_cluster):
@@ -1033,6 +816,7 @@ def test_paused_controller_cycles_never_ack_stale(make_cluster):
     create_topic(c.bootstrap(), "pauses", 12)
     c.wait_settled(12, balanced=True)
     load = Load(c.bootstrap(), "pauses", 12, "a", round_sleep_s=0.002).start()
+    tail = Tail(c.bootstrap(), "pauses", 12).start()
     try:
         load.wait_acks(300)
         for i in range(cycles):
@@ -1046,7 +830,8 @@ def test_paused_controller_cycles_never_ack_stale(make_cluster):
             time.sleep(random.uniform(0.5, 2.0))
             if i % 10 == 9:
                 print(f"pause cycle {i + 1}/{cycles}: {len(load.acked)} acks")
-        n_stored = settle_and_verify(c, load, "pauses", 12)
-        print(f"{cycles} controller pauses: {len(load.acked)} acks, {n_stored} stored, 0 lost")
+        n_stored = settle_and_verify(c, load, "pauses", 12, tail)
+        print(f"{cycles} controller pauses: {len(load.acked)} acks with offsets, {len(load.acked_no_offset)} implicit (no offset), {n_stored} stored, 0 lost")
     finally:
+        tail.stop()
         load.abort()

@@ -9,9 +9,11 @@
 //!   `assignment_version`, `brokers` with health `alive | draining | dead` — dead rows are kept
 //!   because the group-coordinator hash divides by the full registered list — `partitions` →
 //!   leader and `consumer_groups` → coordinator).
-//! - [`write_assignment`] publishes it with tmp + fsync + rename + fsync of the directory, so a
-//!   reader sees either the old file or the new one, never a mix, and the rename survives a crash.
-//! - [`AssignmentWatcher`] re-opens and re-reads the file every second and whenever
+//! - Its versions are a [`Chain`]: `assignment.<n>.json`, each created exactly once with
+//!   compare-and-swap semantics and no lock (see [`crate::chain`]); `assignment.json` is a copy
+//!   of the newest for operators. [`claim_epoch`] and [`write_fenced`] are the controller's
+//!   two writes; readers take the newest version ([`read_published`]).
+//! - [`AssignmentWatcher`] re-reads the newest version every second and whenever
 //!   [`AssignmentNotifier::notify`] is called (the heartbeat's ASSIGNMENT_CHANGED push). It
 //!   re-opens rather than watching with inotify because the shared volume is NFS in production:
 //!   inotify does not see other hosts' writes there, and a renamed file is only seen on the next
@@ -19,8 +21,7 @@
 //! - [`accept`] is the epoch fence and [`diff`] the takeover plan; both are pure.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use thiserror::Error;
 use tokio::sync::{watch, Notify};
 
 use crate::balancer::{self, coordinator_for_group, BrokerId, TopicPartition};
+use crate::chain::{AppendError, Chain};
 
 /// Directory under the shared volume that holds cluster-wide files.
 pub const CLUSTER_DIR: &str = "__cluster";
@@ -238,148 +240,167 @@ impl Assignment {
     }
 }
 
-/// Writes `assignment` to `path` atomically and durably: a uniquely named temporary file in the
-/// same directory, fsync, rename over `path`, fsync of the directory.
-///
-/// The temporary name carries the process id and a counter so that two writers (a deposed
-/// controller waking from a pause and its successor) never write into the same temporary file;
-/// which rename lands last does not matter, because readers fence by epoch ([`accept`]).
-/// Creates the directory if needed.
-pub fn write_assignment(path: &Path, assignment: &Assignment) -> io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or(ASSIGNMENT_FILE);
-    let tmp = dir.join(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut file = File::create(&tmp)?;
-        file.write_all(&assignment.to_json())?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+/// The versions of `assignment.json` in `<shared>/__cluster/`.
+pub fn assignment_chain(shared_dir: &Path) -> Chain {
+    Chain::new(shared_dir.join(CLUSTER_DIR), CHAIN_STEM)
 }
 
-/// The epoch fence of `assignment.json` (file [`EPOCH_FENCE_FILE`] beside it, guarded by an
-/// exclusive `flock` on [`EPOCH_LOCK_FILE`]).
-///
-/// A controller computes a file while it holds the Lease, but the write can land later — the
-/// process paused between its last Lease check and the rename. Landing after a successor's
-/// files, it would replace them on disk, and the successor (and every broker reading the
-/// file) would lose the history those files recorded; brokers that had not yet seen the new
-/// Lease epoch would even apply it. So every replacement happens under the lock after checking
-/// that no higher controller epoch has claimed the file ([`write_fenced`]), and a new
-/// controller claims its epoch under the same lock before it reads its base
-/// ([`claim_epoch`]): a deposed controller's write either lands before the claim — and the
-/// successor reads it — or is refused.
-pub const EPOCH_FENCE_FILE: &str = "assignment.epoch";
-/// The lock file guarding [`EPOCH_FENCE_FILE`] and `assignment.json`'s replacement.
-pub const EPOCH_LOCK_FILE: &str = "assignment.lock";
-/// Longest wait for the lock; a holder stopped inside it (SIGSTOP) keeps everyone waiting,
-/// which costs availability, never safety.
-const EPOCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const CHAIN_STEM: &str = "assignment";
 
-/// Why a fenced write did not happen.
+/// The newest published assignment and its place in the chain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// Its version in the [`Chain`] (not the `assignment_version`: a deposed controller and
+    /// its successor can write the same `assignment_version`, never the same `seq`).
+    pub seq: u64,
+    /// The file.
+    pub assignment: Assignment,
+}
+
+/// The newest version: `Ok(None)` when no controller has written one yet. An `assignment.json`
+/// left by an older kaas (no versions beside it) is read as version 0.
+pub fn read_published(chain: &Chain) -> Result<Option<Published>, ReadError> {
+    let head = chain
+        .read_head(|_| Some(0))
+        .map_err(|source| ReadError::Io {
+            path: chain.mirror_path(),
+            source,
+        })?;
+    head.map(|h| {
+        Assignment::from_json(&h.bytes)
+            .map(|assignment| Published {
+                seq: h.seq,
+                assignment,
+            })
+            .map_err(|source| ReadError::Corrupt {
+                path: chain.entry_path(h.seq),
+                source,
+            })
+    })
+    .transpose()
+}
+
+/// Why a controller's write did not happen.
 #[derive(Debug, Error)]
 pub enum FenceError {
-    /// A controller with a higher epoch has claimed the file: this one is deposed.
-    #[error("assignment.json is claimed by controller epoch {claimed}, above ours ({ours})")]
+    /// A controller with a higher epoch has written: this one is deposed.
+    #[error("assignment.json was written by controller epoch {claimed}, above ours ({ours})")]
     Deposed { claimed: u64, ours: u64 },
-    /// The lock or the files could not be used.
+    /// Someone wrote since the version this write was decided from: claim again.
+    #[error("assignment.json changed since it was read (written by another controller)")]
+    Conflict,
+    /// The files could not be used, or the newest is not a valid assignment.
     #[error("{0}")]
-    Io(#[from] io::Error),
+    Io(String),
 }
 
-fn with_epoch_lock<T>(
-    assignment: &Path,
-    f: impl FnOnce(&Path) -> Result<T, FenceError>,
-) -> Result<T, FenceError> {
-    let dir = assignment.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(EPOCH_LOCK_FILE))?;
-    let give_up = std::time::Instant::now() + EPOCH_LOCK_WAIT;
+impl From<AppendError> for FenceError {
+    fn from(e: AppendError) -> Self {
+        match e {
+            AppendError::Conflict => FenceError::Conflict,
+            AppendError::Io(e) => FenceError::Io(e.to_string()),
+        }
+    }
+}
+
+/// A new controller at `epoch` takes `assignment.json` over: it republishes the newest file it
+/// knows — the chain's head, or `known` (what its own watcher accepted) if that is newer by
+/// (epoch, version) — under its own epoch, as the next version of the chain.
+///
+/// The claim is a write, not a read, because the write is what fences: a deposed controller
+/// frozen with a file it computed earlier finishes its append after that file's base, which
+/// now exists, so its write is refused ([`FenceError::Conflict`], then [`FenceError::Deposed`]
+/// when it claims again). A deposed write that landed first is the head, and is read and
+/// carried forward here. Either way this term's first file is based on every file that ever
+/// took effect, which is what [`crate::heartbeat::AckFloor`]'s term floor relies on.
+/// The republished file moves nothing: it differs from its base only in epoch and version.
+///
+/// Returns the file now in force (`None` when nothing was ever written: there is then nothing
+/// to carry forward, and the term's first real write is the claim).
+pub fn claim_epoch(
+    chain: &Chain,
+    epoch: u64,
+    known: Option<&Assignment>,
+) -> Result<Option<Published>, FenceError> {
+    for _ in 0..16 {
+        let (head_seq, head) = match read_published(chain) {
+            Ok(Some(p)) => (Some(p.seq), Some(p.assignment)),
+            Ok(None) => (None, None),
+            // A garbage head is skipped over when something newer is known (a torn or forged
+            // file must not stop the cluster); with nothing to carry forward it is an error.
+            Err(ReadError::Corrupt { .. }) if known.is_some() => (
+                chain
+                    .versions()
+                    .map_err(|e| FenceError::Io(e.to_string()))?
+                    .last()
+                    .copied(),
+                None,
+            ),
+            Err(e) => return Err(FenceError::Io(e.to_string())),
+        };
+        if let Some(h) = &head {
+            if h.controller_epoch > epoch {
+                return Err(FenceError::Deposed {
+                    claimed: h.controller_epoch,
+                    ours: epoch,
+                });
+            }
+        }
+        let Some(base) = [head.as_ref(), known]
+            .into_iter()
+            .flatten()
+            .max_by_key(|a| a.order_key())
+        else {
+            return Ok(None);
+        };
+        if base.controller_epoch == epoch && head.as_ref() == Some(base) {
+            // Already ours (a claim again after our own write).
+            return Ok(Some(Published {
+                seq: head_seq.expect("a head was read"),
+                assignment: base.clone(),
+            }));
+        }
+        let mut next = base.clone();
+        next.controller_epoch = epoch;
+        next.assignment_version = base.assignment_version + 1;
+        match chain.append(head_seq, &next.to_json()) {
+            Ok(seq) => {
+                return Ok(Some(Published {
+                    seq,
+                    assignment: next,
+                }))
+            }
+            Err(AppendError::Conflict) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(FenceError::Io(
+        "assignment.json keeps changing under the claim".into(),
+    ))
+}
+
+/// Publishes `assignment` as the version after `base` (the `seq` of the file it was computed
+/// from, as returned by [`claim_epoch`] or the previous write). [`FenceError::Conflict`] if
+/// anyone wrote in between: the caller claims again. Durable when it returns.
+pub fn write_fenced(
+    chain: &Chain,
+    base: Option<u64>,
+    assignment: &Assignment,
+) -> Result<u64, FenceError> {
+    Ok(chain.append(base, &assignment.to_json())?)
+}
+
+/// Appends `assignment` after whatever is newest, unconditionally (retrying conflicts): for
+/// tests and tools standing in for a controller, never for a controller.
+pub fn publish(chain: &Chain, assignment: &Assignment) -> io::Result<u64> {
     loop {
-        match lock.try_lock() {
-            Ok(()) => break,
-            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < give_up => {
-                std::thread::sleep(std::time::Duration::from_millis(2))
-            }
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "assignment.lock held too long",
-                )
-                .into())
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(e.into()),
+        let head = chain.versions()?.last().copied();
+        match chain.append(head, &assignment.to_json()) {
+            Ok(seq) => return Ok(seq),
+            Err(AppendError::Conflict) => continue,
+            Err(AppendError::Io(e)) => return Err(e),
         }
     }
-    let out = f(dir);
-    drop(lock);
-    out
-}
-
-fn claimed_epoch(dir: &Path) -> io::Result<u64> {
-    match fs::read_to_string(dir.join(EPOCH_FENCE_FILE)) {
-        Ok(s) => Ok(s.trim().parse().unwrap_or(0)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
-    }
-}
-
-/// A new controller at `epoch` claims `assignment.json` (see [`EPOCH_FENCE_FILE`]), then
-/// reads the file it starts from — atomically with respect to every fenced write.
-pub fn claim_epoch(assignment: &Path, epoch: u64) -> Result<Option<Assignment>, FenceError> {
-    with_epoch_lock(assignment, |dir| {
-        let claimed = claimed_epoch(dir)?;
-        if claimed > epoch {
-            return Err(FenceError::Deposed {
-                claimed,
-                ours: epoch,
-            });
-        }
-        if claimed < epoch {
-            let tmp = dir.join(format!(".{EPOCH_FENCE_FILE}.{}.tmp", std::process::id()));
-            let mut f = File::create(&tmp)?;
-            f.write_all(epoch.to_string().as_bytes())?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, dir.join(EPOCH_FENCE_FILE))?;
-            File::open(dir)?.sync_all()?;
-        }
-        read_assignment(assignment).map_err(|e| FenceError::Io(io::Error::other(e.to_string())))
-    })
-}
-
-/// Replaces `assignment.json` with `assignment` unless a higher controller epoch has claimed
-/// it (see [`EPOCH_FENCE_FILE`]).
-pub fn write_fenced(path: &Path, assignment: &Assignment) -> Result<(), FenceError> {
-    with_epoch_lock(path, |dir| {
-        let claimed = claimed_epoch(dir)?;
-        if claimed > assignment.controller_epoch {
-            return Err(FenceError::Deposed {
-                claimed,
-                ours: assignment.controller_epoch,
-            });
-        }
-        Ok(write_assignment(path, assignment)?)
-    })
 }
 
 /// Why a read of `assignment.json` produced no assignment.
@@ -402,35 +423,6 @@ pub enum ReadError {
         /// The parse error.
         source: serde_json::Error,
     },
-}
-
-/// Opens `path` afresh and reads it: `Ok(None)` when no controller has written it yet.
-///
-/// A fresh `open()` every time is what makes a rename by another NFS client visible.
-pub fn read_assignment(path: &Path) -> Result<Option<Assignment>, ReadError> {
-    read_bytes(path)?
-        .map(|bytes| {
-            Assignment::from_json(&bytes).map_err(|source| ReadError::Corrupt {
-                path: path.to_owned(),
-                source,
-            })
-        })
-        .transpose()
-}
-
-fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>, ReadError> {
-    let io_err = |source| ReadError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err(e)),
-    };
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(io_err)?;
-    Ok(Some(bytes))
 }
 
 /// What a broker does with an assignment it just read. See [`accept`].
@@ -553,7 +545,7 @@ impl AssignmentNotifier {
 /// A missing, unreadable, torn or stale file never replaces the last accepted assignment.
 #[derive(Debug)]
 pub struct AssignmentWatcher {
-    path: PathBuf,
+    chain: Chain,
     poll_interval: Duration,
     notify: Arc<Notify>,
     lease_epoch: Arc<AtomicU64>,
@@ -566,11 +558,11 @@ pub struct AssignmentWatcher {
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 impl AssignmentWatcher {
-    /// A watcher of `path` (see [`assignment_path`]); nothing is read until [`Self::poll_once`]
-    /// or [`Self::run`].
-    pub fn new(path: impl Into<PathBuf>, poll_interval: Duration) -> Self {
+    /// A watcher of `chain` (see [`assignment_chain`]); nothing is read until
+    /// [`Self::poll_once`] or [`Self::run`].
+    pub fn new(chain: Chain, poll_interval: Duration) -> Self {
         Self {
-            path: path.into(),
+            chain,
             poll_interval,
             notify: Arc::new(Notify::new()),
             lease_epoch: Arc::new(AtomicU64::new(0)),
@@ -603,15 +595,14 @@ impl AssignmentWatcher {
     /// `None` when there was nothing to decide (no file, unchanged bytes, unreadable or corrupt
     /// — the latter two are logged).
     pub fn poll_once(&mut self) -> Option<Decision> {
-        let bytes = match read_bytes(&self.path) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return None,
+        match read_head_bytes(&self.chain) {
+            Ok(Some(bytes)) => self.consider(bytes),
+            Ok(None) => None,
             Err(e) => {
                 tracing::warn!("assignment watcher: {e}");
-                return None;
+                None
             }
-        };
-        self.consider(bytes)
+        }
     }
 
     /// Applies the fence to freshly read bytes.
@@ -624,7 +615,7 @@ impl AssignmentWatcher {
             Err(e) => {
                 // Torn or foreign bytes: keep the last good assignment. Do not remember these
                 // bytes, so the same garbage is logged again rather than silently skipped.
-                tracing::warn!(path = %self.path.display(), "ignoring invalid assignment: {e}");
+                tracing::warn!(path = %self.chain.mirror_path().display(), "ignoring invalid assignment: {e}");
                 return None;
             }
         };
@@ -654,8 +645,8 @@ impl AssignmentWatcher {
                 _ = tick.tick() => {}
                 _ = self.notify.notified() => {}
             }
-            let path = self.path.clone();
-            let read = tokio::task::spawn_blocking(move || read_bytes(&path)).await;
+            let chain = self.chain.clone();
+            let read = tokio::task::spawn_blocking(move || read_head_bytes(&chain)).await;
             match read {
                 Ok(Ok(Some(bytes))) => {
                     self.consider(bytes);
@@ -666,6 +657,11 @@ impl AssignmentWatcher {
             }
         }
     }
+}
+
+/// The newest version's bytes (the watcher parses them only when they changed).
+fn read_head_bytes(chain: &Chain) -> io::Result<Option<Vec<u8>>> {
+    Ok(chain.read_head(|_| Some(0))?.map(|h| h.bytes))
 }
 
 /// The Lease epoch known to a broker, shared with its [`AssignmentWatcher`].

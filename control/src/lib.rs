@@ -9,6 +9,7 @@
 
 pub mod assignment;
 pub mod balancer;
+pub mod chain;
 pub mod election;
 pub mod handover;
 pub mod health;

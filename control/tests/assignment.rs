@@ -1,15 +1,15 @@
 //! `assignment.json` on real files: the writer, the NFS-safe watcher, the epoch fence and the
 //! takeover diff. Every wait is bounded.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kaas_control::assignment::{
-    accept, assignment_path, diff, read_assignment, write_assignment, Assignment,
-    AssignmentWatcher, BrokerEntry, Decision, Health,
+    accept, assignment_chain, claim_epoch, diff, publish, read_published, write_fenced, Assignment,
+    AssignmentWatcher, BrokerEntry, Decision, FenceError, Health,
 };
 use kaas_control::balancer::{coordinator_for_group, BrokerId, TopicPartition};
+use kaas_control::chain::Chain;
 use tokio::sync::watch;
 
 fn brokers() -> Vec<BrokerEntry> {
@@ -39,8 +39,12 @@ fn assignment(epoch: u64, version: u64, leaders: &[(&str, i32, i32)]) -> Assignm
     )
 }
 
-fn write(path: &Path, a: &Assignment) {
-    write_assignment(path, a).expect("write assignment");
+fn write(chain: &Chain, a: &Assignment) {
+    publish(chain, a).expect("write assignment");
+}
+
+fn read(chain: &Chain) -> Option<Assignment> {
+    read_published(chain).unwrap().map(|p| p.assignment)
 }
 
 async fn wait_version(
@@ -63,12 +67,14 @@ async fn wait_version(
 #[test]
 fn round_trip_through_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let path = assignment_path(dir.path());
-    assert!(read_assignment(&path).unwrap().is_none());
+    let chain = assignment_chain(dir.path());
+    assert!(read(&chain).is_none());
     let a = assignment(3, 17, &[("t", 0, 0), ("t", 1, 0), ("u", 0, 1)]);
-    write(&path, &a);
-    assert_eq!(read_assignment(&path).unwrap().as_ref(), Some(&a));
+    write(&chain, &a);
+    assert_eq!(read(&chain).as_ref(), Some(&a));
 
+    let path = chain.mirror_path();
+    assert!(path.ends_with("__cluster/assignment.json"));
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(json["controller_epoch"], 3);
     assert_eq!(json["assignment_version"], 17);
@@ -85,29 +91,30 @@ fn round_trip_through_the_file() {
         assert_eq!(a.consumer_groups[group], want);
         assert_eq!(json["consumer_groups"][group], want.0);
     }
-    // No temporary files are left behind.
-    let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+    // No temporary files are left behind: the version and its copy.
+    let mut names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, vec![std::ffi::OsString::from("assignment.json")]);
+    names.sort();
+    assert_eq!(names, ["assignment.1.json", "assignment.json"]);
 }
 
 // The 1 s poll picks up another writer's new file within about a second, with no push.
 #[tokio::test]
 async fn watcher_sees_another_writers_file_within_a_second() {
     let dir = tempfile::tempdir().unwrap();
-    let path = assignment_path(dir.path());
-    let watcher = AssignmentWatcher::new(&path, Duration::from_secs(1));
+    let chain = assignment_chain(dir.path());
+    let watcher = AssignmentWatcher::new(chain.clone(), Duration::from_secs(1));
     let mut rx = watcher.subscribe();
     let task = tokio::spawn(watcher.run());
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     for version in 1..=2 {
         let a = assignment(1, version, &[("t", 0, (version % 2) as i32)]);
-        let p = path.clone();
+        let c = chain.clone();
         // Written from another thread, as another broker's process would.
-        std::thread::spawn(move || write_assignment(&p, &a).unwrap())
+        std::thread::spawn(move || publish(&c, &a).unwrap())
             .join()
             .unwrap();
         // One poll period plus slack for a loaded machine.
@@ -121,13 +128,13 @@ async fn watcher_sees_another_writers_file_within_a_second() {
 #[tokio::test]
 async fn notify_is_the_fast_path() {
     let dir = tempfile::tempdir().unwrap();
-    let path = assignment_path(dir.path());
-    let watcher = AssignmentWatcher::new(&path, Duration::from_secs(60));
+    let chain = assignment_chain(dir.path());
+    let watcher = AssignmentWatcher::new(chain.clone(), Duration::from_secs(60));
     let notifier = watcher.notifier();
     let mut rx = watcher.subscribe();
     let task = tokio::spawn(watcher.run());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    write(&path, &assignment(1, 1, &[("t", 0, 0)]));
+    write(&chain, &assignment(1, 1, &[("t", 0, 0)]));
     notifier.notify();
     let took = wait_version(&mut rx, (1, 1), Duration::from_secs(2)).await;
     assert!(took < Duration::from_millis(500), "took {took:?}");
@@ -138,13 +145,13 @@ async fn notify_is_the_fast_path() {
 #[test]
 fn stale_epoch_and_older_files_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
-    let path = assignment_path(dir.path());
-    let mut watcher = AssignmentWatcher::new(&path, Duration::from_secs(1));
+    let chain = assignment_chain(dir.path());
+    let mut watcher = AssignmentWatcher::new(chain.clone(), Duration::from_secs(1));
     watcher.lease_epoch().observe(5);
     watcher.lease_epoch().observe(2); // epochs never go back
     assert_eq!(watcher.lease_epoch().get(), 5);
 
-    write(&path, &assignment(4, 100, &[("t", 0, 0)]));
+    write(&chain, &assignment(4, 100, &[("t", 0, 0)]));
     assert_eq!(
         watcher.poll_once(),
         Some(Decision::StaleEpoch {
@@ -154,7 +161,7 @@ fn stale_epoch_and_older_files_are_rejected() {
     );
     assert!(watcher.current().is_none());
 
-    write(&path, &assignment(5, 1, &[("t", 0, 1)]));
+    write(&chain, &assignment(5, 1, &[("t", 0, 1)]));
     assert_eq!(watcher.poll_once(), Some(Decision::Accept));
     assert_eq!(
         watcher.poll_once(),
@@ -162,9 +169,9 @@ fn stale_epoch_and_older_files_are_rejected() {
         "unchanged bytes are not re-decided"
     );
 
-    write(&path, &assignment(5, 2, &[("t", 0, 0)]));
+    write(&chain, &assignment(5, 2, &[("t", 0, 0)]));
     assert_eq!(watcher.poll_once(), Some(Decision::Accept));
-    write(&path, &assignment(5, 1, &[("t", 0, 1)]));
+    write(&chain, &assignment(5, 1, &[("t", 0, 1)]));
     assert!(matches!(watcher.poll_once(), Some(Decision::Older { .. })));
     assert_eq!(watcher.current().unwrap().order_key(), (5, 2));
 
@@ -181,30 +188,90 @@ fn stale_epoch_and_older_files_are_rejected() {
 #[test]
 fn torn_or_garbage_file_keeps_the_last_good_one() {
     let dir = tempfile::tempdir().unwrap();
-    let path = assignment_path(dir.path());
-    let mut watcher = AssignmentWatcher::new(&path, Duration::from_secs(1));
+    let chain = assignment_chain(dir.path());
+    let mut watcher = AssignmentWatcher::new(chain.clone(), Duration::from_secs(1));
     let good = assignment(1, 1, &[("t", 0, 0)]);
-    write(&path, &good);
+    write(&chain, &good);
     assert_eq!(watcher.poll_once(), Some(Decision::Accept));
 
+    // Written as the newest version without the chain's care (a torn copy, a hand edit).
+    let raw = |bytes: &[u8]| {
+        let next = chain.versions().unwrap().last().unwrap() + 1;
+        std::fs::write(chain.entry_path(next), bytes).unwrap();
+    };
     let bytes = good.to_json();
-    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    raw(&bytes[..bytes.len() / 2]);
     assert_eq!(watcher.poll_once(), None);
-    assert!(read_assignment(&path).is_err());
-    std::fs::write(&path, b"\0\0garbage\xff").unwrap();
+    assert!(read_published(&chain).is_err());
+    raw(b"\0\0garbage\xff");
     assert_eq!(watcher.poll_once(), None);
     // Duplicate partition rows are not a controller's file either.
     let dup = String::from_utf8(bytes.clone()).unwrap().replace(
         "\"partitions\": [",
         "\"partitions\": [\n    {\"topic\": \"t\", \"partition\": 0, \"leader\": 2},",
     );
-    std::fs::write(&path, dup).unwrap();
+    raw(dup.as_bytes());
     assert_eq!(watcher.poll_once(), None);
     assert_eq!(watcher.current().as_deref(), Some(&good));
 
-    write(&path, &assignment(1, 2, &[("t", 0, 1)]));
+    write(&chain, &assignment(1, 2, &[("t", 0, 1)]));
     assert_eq!(watcher.poll_once(), Some(Decision::Accept));
     assert_eq!(watcher.current().unwrap().assignment_version, 2);
+}
+
+// Proves: a deposed controller's write computed before its successor's claim is refused once
+// the claim landed, whenever it resumes; one that landed first is carried forward by the claim.
+#[test]
+fn a_claim_fences_every_later_write_of_a_deposed_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = assignment_chain(dir.path());
+    let base = write_fenced(&chain, None, &assignment(3, 7, &[("t", 0, 0)])).unwrap();
+
+    // Epoch 3 computes its next file from `base`, and freezes before writing it.
+    let late = assignment(3, 8, &[("t", 0, 1)]);
+    // Epoch 4 claims: it republishes the head under its epoch, moving nothing.
+    let claimed = claim_epoch(&chain, 4, None).unwrap().unwrap();
+    assert_eq!(claimed.assignment.order_key(), (4, 8));
+    assert_eq!(
+        claimed.assignment.partitions,
+        assignment(3, 7, &[("t", 0, 0)]).partitions
+    );
+    // Epoch 3 resumes: refused, and refused again when it tries to claim.
+    assert!(matches!(
+        write_fenced(&chain, Some(base), &late),
+        Err(FenceError::Conflict)
+    ));
+    assert!(matches!(
+        claim_epoch(&chain, 3, None),
+        Err(FenceError::Deposed {
+            claimed: 4,
+            ours: 3
+        })
+    ));
+    assert_eq!(read(&chain).unwrap().order_key(), (4, 8));
+
+    // A write by epoch 4 that landed before epoch 5's claim is what epoch 5 starts from.
+    let landed = assignment(4, 9, &[("t", 0, 2)]);
+    write_fenced(&chain, Some(claimed.seq), &landed).unwrap();
+    let next = claim_epoch(&chain, 5, None).unwrap().unwrap();
+    assert_eq!(next.assignment.order_key(), (5, 10));
+    assert_eq!(next.assignment.partitions, landed.partitions);
+    // Claiming again in the same epoch changes nothing.
+    assert_eq!(claim_epoch(&chain, 5, None).unwrap().unwrap(), next);
+}
+
+// Proves: a head with a lower epoch than the file the new controller already accepted (a forged
+// or hand-written file) is not adopted: the claim carries the newer file forward.
+#[test]
+fn a_claim_does_not_adopt_an_older_epochs_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = assignment_chain(dir.path());
+    let known = assignment(6, 3, &[("t", 0, 1)]);
+    write(&chain, &known);
+    write(&chain, &assignment(5, 100, &[("t", 0, 2)]));
+    let claimed = claim_epoch(&chain, 7, Some(&known)).unwrap().unwrap();
+    assert_eq!(claimed.assignment.order_key(), (7, 4));
+    assert_eq!(claimed.assignment.partitions, known.partitions);
 }
 
 // diff lists exactly the partitions that moved to or from this broker.

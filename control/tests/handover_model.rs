@@ -108,6 +108,10 @@ struct Term {
     registry: BTreeMap<i32, (u64, (u64, u64))>,
     floor: AckFloor,
     last: Option<Assignment>,
+    /// The chain version `last` was claimed or written as: the base of the next write.
+    seq: u64,
+    /// A write of this term was refused: claim again before the next round.
+    reclaim: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -136,7 +140,8 @@ struct Node {
     sent: BTreeMap<u64, u64>,
     inbox: VecDeque<(i32, u64, (u64, u64))>,
     acks: VecDeque<(u64, u64)>,
-    pending_file: Option<Assignment>,
+    /// A computed file and the chain version it was based on, not landed yet.
+    pending_file: Option<(Assignment, u64)>,
     writes: Vec<Write>,
 }
 
@@ -152,8 +157,8 @@ struct World {
     acked: Vec<(i32, u64, u64, i32)>,
     /// Terms that landed at least one write (acknowledged or not).
     landed_terms: std::collections::BTreeSet<u64>,
-    /// The controller epoch that claimed `assignment.json` (`assignment::claim_epoch`).
-    claimed_epoch: u64,
+    /// The chain version of `file` (`assignment::write_fenced` appends after it or fails).
+    file_seq: u64,
 }
 
 fn holder_of(record: &LeaseRecord) -> Option<i32> {
@@ -201,7 +206,7 @@ impl World {
             openings: Vec::new(),
             acked: Vec::new(),
             landed_terms: Default::default(),
-            claimed_epoch: 0,
+            file_seq: 0,
         }
     }
 
@@ -258,10 +263,20 @@ impl World {
                     }
                     Event::Round(c, choice) => self.round(c, choice, now),
                     Event::FileLand(c) => {
-                        // `assignment::write_fenced`: refused once a higher epoch claimed it.
-                        if let Some(f) = self.nodes[c as usize].pending_file.take() {
-                            if f.controller_epoch >= self.claimed_epoch {
-                                self.file = Some(f);
+                        // `assignment::write_fenced`: lands only as the version after its base.
+                        if let Some((f, base)) = self.nodes[c as usize].pending_file.take() {
+                            let landed = base == self.file_seq;
+                            if landed {
+                                self.file = Some(f.clone());
+                                self.file_seq += 1;
+                            }
+                            if let Some(t) = self.nodes[c as usize].term.as_mut() {
+                                if landed {
+                                    t.last = Some(f);
+                                    t.seq = self.file_seq;
+                                } else {
+                                    t.reclaim = true;
+                                }
                             }
                         }
                     }
@@ -359,29 +374,55 @@ impl World {
         match (&n.term, leads, n.election.epoch()) {
             (Some(t), true, Some(e)) if t.epoch == e => {}
             (_, true, Some(e)) => {
-                // The controller loop claims assignment.json before its first round, and no
-                // broker is acknowledged before it applied the newest file known then.
-                self.claimed_epoch = self.claimed_epoch.max(e);
-                let base = [self.file.as_ref(), self.nodes[b as usize].applied.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .map(|a| a.order_key())
-                    .max();
-                let mut floor = AckFloor::for_epoch(e);
-                if let Some(base) = base {
-                    floor.raise_all(base);
-                }
                 let n = &mut self.nodes[b as usize];
                 n.term = Some(Term {
                     epoch: e,
                     start: now,
                     prev_holder: n.holder_seen.filter(|h| *h != b),
                     registry: BTreeMap::new(),
-                    floor,
+                    floor: AckFloor::for_epoch(e),
                     last: None,
-                })
+                    seq: 0,
+                    reclaim: true,
+                });
+                // The controller loop claims assignment.json before its first round.
+                self.claim(b);
             }
             _ => n.term = None,
+        }
+    }
+
+    /// `assignment::claim_epoch` (one compare-and-swap, so one step) and what `src/cluster.rs`
+    /// does with it: republish the newest file known under this term's epoch, and acknowledge
+    /// no broker before it applied that file. Refused (deposed): the term ends.
+    fn claim(&mut self, b: i32) {
+        let head = self.file.clone();
+        let n = &mut self.nodes[b as usize];
+        let Some(term) = n.term.as_mut() else { return };
+        if head
+            .as_ref()
+            .is_some_and(|h| h.controller_epoch > term.epoch)
+        {
+            n.term = None;
+            return;
+        }
+        let base = [head.as_ref(), n.applied.as_ref()]
+            .into_iter()
+            .flatten()
+            .max_by_key(|a| a.order_key())
+            .cloned();
+        term.reclaim = false;
+        term.seq = self.file_seq;
+        if let Some(mut next) = base {
+            if !(next.controller_epoch == term.epoch && head.as_ref() == Some(&next)) {
+                next.controller_epoch = term.epoch;
+                next.assignment_version += 1;
+                self.file = Some(next.clone());
+                self.file_seq += 1;
+                term.seq = self.file_seq;
+            }
+            term.floor.raise_all(next.order_key());
+            term.last = Some(next);
         }
     }
 
@@ -419,13 +460,22 @@ impl World {
     /// One controller round (`src/cluster.rs::recompute`), with the adversary choosing where
     /// the balancer wants each partition.
     fn round(&mut self, c: i32, choice: u8, now: u64) {
-        let disk = self.file.clone();
-        let n = &mut self.nodes[c as usize];
-        if !n.election.is_leader(now) {
+        if !self.nodes[c as usize].election.is_leader(now)
+            || self.nodes[c as usize].pending_file.is_some()
+        {
+            // A round awaits its write before the next one starts.
             return;
         }
+        if self.nodes[c as usize]
+            .term
+            .as_ref()
+            .is_some_and(|t| t.reclaim)
+        {
+            self.claim(c);
+        }
+        let n = &mut self.nodes[c as usize];
         let Some(term) = n.term.as_mut() else { return };
-        let previous = [term.last.clone(), n.applied.clone(), disk]
+        let previous = [term.last.clone(), n.applied.clone()]
             .into_iter()
             .flatten()
             .max_by_key(|a| a.order_key());
@@ -483,9 +533,8 @@ impl World {
                 term.floor.raise(broker, (term.epoch, version));
             }
         }
-        term.last = Some(next.clone());
         // Written now; it lands on disk at a later step (a pause may come between).
-        n.pending_file = Some(next);
+        n.pending_file = Some((next, term.seq));
     }
 
     /// The watcher and applier: accept the file on disk, relinquish, take over, report.

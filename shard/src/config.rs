@@ -22,6 +22,13 @@ pub struct BrokerConfig {
     /// What a group-commit sync covers (`--sync-scope`): one partition's segment, or the data
     /// directory's whole filesystem, shared by every partition of the shard.
     pub sync_scope: kaas_storage::SyncScope,
+    /// Connection and request-memory limits (see [`crate::admission`]).
+    pub limits: crate::admission::Limits,
+    /// A connection with no request for this long is closed (`connections.max.idle.ms`).
+    pub connections_max_idle_ms: u64,
+    /// A request body must keep arriving: each 64 KiB of it (or its rest) within this long,
+    /// or the connection is closed.
+    pub request_progress_timeout_ms: u64,
 }
 
 impl BrokerConfig {
@@ -40,6 +47,13 @@ impl BrokerConfig {
             io_memory_bytes: 2 << 20,
             retention_check_interval_ms: 30_000,
             sync_scope: kaas_storage::SyncScope::default(),
+            limits: crate::admission::Limits {
+                request_bytes: 256 << 20,
+                connections: 10_000,
+                connections_per_ip: 10_000,
+            },
+            connections_max_idle_ms: 600_000,
+            request_progress_timeout_ms: 30_000,
         }
     }
 }

@@ -11,10 +11,17 @@
 //! the next requests. Responses leave in request order: each request runs as its own task and
 //! the writer awaits those tasks in arrival order. At most [`MAX_IN_FLIGHT`] requests per
 //! connection are in progress; beyond that the reader waits.
+//!
+//! What a connection may hold is bounded ([`crate::admission`]): a request body's memory is
+//! reserved from the broker-wide budget as its bytes arrive, and the reader stops reading while
+//! the budget is exhausted. A connection with no request for `connections.max.idle.ms` is
+//! closed, and so is one whose request body stops arriving (each 64 KiB of it, or its rest,
+//! within `--request-progress-timeout-ms`) — a client that declares a large frame and trickles
+//! it cannot keep a connection and its memory forever.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -26,15 +33,20 @@ use kaas_wire::fetch_frame::ResponseFrame;
 use kaas_wire::frame::{frame_len, FRAME_PREFIX_LEN};
 use kaas_wire::WireError;
 
+use crate::admission::{ConnPermit, Reservation, FIRST_CHUNK_BYTES};
 use crate::handlers::{self, EffectGate};
 use crate::shard::Shard;
 
 /// Requests per connection being served at once.
 pub const MAX_IN_FLIGHT: usize = 64;
+/// A request body must arrive at least this many bytes (or its rest) per
+/// `--request-progress-timeout-ms`.
+const PROGRESS_STEP_BYTES: usize = 64 * 1024;
 /// Read buffer per connection.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+/// Serves one accepted connection; `_permit` is its admission slot, given back when it ends.
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
@@ -83,6 +95,8 @@ enum Close {
     Eof,
     Io(std::io::Error),
     Protocol(WireError),
+    Idle(Duration),
+    Slow { len: usize, received: usize },
 }
 
 impl std::fmt::Display for Close {
@@ -91,6 +105,11 @@ impl std::fmt::Display for Close {
             Close::Eof => write!(f, "client closed the connection"),
             Close::Io(e) => write!(f, "socket error: {e}"),
             Close::Protocol(e) => write!(f, "protocol error: {e}"),
+            Close::Idle(d) => write!(f, "no request for {d:?} (connections.max.idle.ms)"),
+            Close::Slow { len, received } => write!(
+                f,
+                "request body stopped arriving: {received} of {len} bytes (--request-progress-timeout-ms)"
+            ),
         }
     }
 }
@@ -104,24 +123,21 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     // Resolves when the previous request's effects are done (see the module docs). Reading
     // the next frame meanwhile is unobservable; dispatching it is not.
     let mut previous_effects: Option<futures::channel::oneshot::Receiver<()>> = None;
+    let idle = Duration::from_millis(shard.config.connections_max_idle_ms);
     loop {
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
-        match reader.read_exact(&mut prefix).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Close::Eof),
-            Err(e) => return Err(Close::Io(e)),
+        match within(idle, reader.read_exact(&mut prefix)).await {
+            None => {
+                shard.admission.closed_idle.fetch_add(1, Ordering::Relaxed);
+                return Err(Close::Idle(idle));
+            }
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(eof_or_io(e)),
         }
         // The length is checked against the limit before a byte of the body is allocated.
         let len = frame_len(prefix, shard.config.max_frame_bytes)
             .map_err(|e| protocol_error(shard, e))?;
-        let mut body = RequestBody::take(len);
-        reader.read_exact(body.as_mut()).await.map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Close::Eof
-            } else {
-                Close::Io(e)
-            }
-        })?;
+        let body = read_body(shard, &mut reader, len).await?;
         shard
             .probe
             .bytes_in
@@ -175,6 +191,99 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     }
 }
 
+fn eof_or_io(e: std::io::Error) -> Close {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        Close::Eof
+    } else {
+        Close::Io(e)
+    }
+}
+
+/// `fut`'s output, or `None` if it took longer than `limit`. No timer is created when `fut`
+/// is ready at once (the common case: the bytes are already in the read buffer).
+async fn within<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    let fut = std::pin::pin!(fut);
+    let timer = std::pin::pin!(glommio::timer::sleep(limit));
+    match futures::future::select(fut, timer).await {
+        futures::future::Either::Left((out, _)) => Some(out),
+        futures::future::Either::Right(_) => None,
+    }
+}
+
+/// Reads a `len`-byte request body: the first [`FIRST_CHUNK_BYTES`] outside the budget, then
+/// the rest under one reservation (see [`crate::admission`]), each [`PROGRESS_STEP_BYTES`]
+/// within the progress timeout.
+async fn read_body<R: futures::io::AsyncRead + Unpin>(
+    shard: &Shard,
+    reader: &mut BufReader<R>,
+    len: usize,
+) -> Result<RequestBody, Close> {
+    let progress = Duration::from_millis(shard.config.request_progress_timeout_ms);
+    let mut body = RequestBody::take(len);
+    let mut received = 0;
+    while received < len {
+        if received == FIRST_CHUNK_BYTES {
+            body.1 = Some(reserve(shard, len - received).await);
+        }
+        let limit = if received < FIRST_CHUNK_BYTES {
+            FIRST_CHUNK_BYTES
+        } else {
+            len
+        };
+        let step = (limit.min(len) - received).min(PROGRESS_STEP_BYTES);
+        if body.0.len() < received + step {
+            // Grow by doubling, so resident memory follows what actually arrived.
+            body.0
+                .resize((received + step).max(received * 2).min(len), 0);
+        }
+        match within(
+            progress,
+            reader.read_exact(&mut body.0[received..received + step]),
+        )
+        .await
+        {
+            None => {
+                shard.admission.closed_slow.fetch_add(1, Ordering::Relaxed);
+                return Err(Close::Slow { len, received });
+            }
+            Some(Ok(())) => received += step,
+            Some(Err(e)) => return Err(eof_or_io(e)),
+        }
+    }
+    body.0.truncate(len);
+    debug_assert_eq!(body.0.len(), len);
+    debug_assert_eq!(
+        body.1.as_ref().map_or(0, Reservation::bytes),
+        len.saturating_sub(FIRST_CHUNK_BYTES)
+    );
+    Ok(body)
+}
+
+/// `bytes` of request memory, waiting (without reading the socket, so TCP pushes back on the
+/// client) while the broker-wide budget is exhausted.
+async fn reserve(shard: &Shard, bytes: usize) -> Reservation {
+    if let Some(r) = shard.admission.try_reserve(bytes) {
+        return r;
+    }
+    shard.admission.memory_waits.fetch_add(1, Ordering::Relaxed);
+    crate::ratelog::limited("request-memory", |suppressed| {
+        tracing::warn!(
+            shard = shard.id,
+            budget = shard.admission.limits().request_bytes,
+            suppressed,
+            "request memory budget (--queued-max-request-bytes) exhausted: connections wait before reading more; raise it if this persists under normal load"
+        )
+    });
+    let mut pause = Duration::from_millis(1);
+    loop {
+        glommio::timer::sleep(pause).await;
+        if let Some(r) = shard.admission.try_reserve(bytes) {
+            return r;
+        }
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
 /// Request bodies at least this large come from a per-thread pool of buffers (smaller ones
 /// are ordinary heap allocations, which glibc already recycles).
 const POOLED_BODY_BYTES: usize = 128 * 1024;
@@ -191,9 +300,11 @@ thread_local! {
 /// 4 KiB page while the socket was read into it — about 7% of the machine's CPU at 600,000
 /// 1 KiB messages/s. The buffer returns to the pool of whichever thread drops the last
 /// reference to the request (produce hands partition data to other shards).
-struct RequestBody(Vec<u8>);
+struct RequestBody(Vec<u8>, Option<Reservation>);
 
 impl RequestBody {
+    /// An empty body with room for `len` bytes if a pooled buffer has it; it grows as the
+    /// bytes arrive.
     fn take(len: usize) -> RequestBody {
         let mut buf = if len >= POOLED_BODY_BYTES {
             BODY_POOL
@@ -206,10 +317,10 @@ impl RequestBody {
         } else {
             Vec::new()
         };
-        // Shrinking keeps the bytes (no write); growing writes zeros only past what the
-        // buffer held before.
-        buf.resize(len, 0);
-        RequestBody(buf)
+        // A pooled buffer keeps its old bytes up to `len` (each is overwritten by the socket
+        // before it is read): zeroing them again would cost a memset per request.
+        buf.truncate(len);
+        RequestBody(buf, None)
     }
 
     fn into_bytes(self) -> Bytes {
@@ -248,6 +359,9 @@ impl Drop for RequestBody {
 
 fn protocol_error(shard: &Shard, e: WireError) -> Close {
     shard.probe.protocol_errors.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(shard = shard.id, error = %e, "refusing request and closing the connection");
+    crate::ratelog::limited(
+        "protocol-error",
+        |suppressed| tracing::warn!(shard = shard.id, error = %e, suppressed, "refusing request and closing the connection (counted in kaas_protocol_errors_total)"),
+    );
     Close::Protocol(e)
 }

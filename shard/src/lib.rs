@@ -7,6 +7,7 @@
 //! the per-shard probes the control thread reads. Work for a partition on another shard moves
 //! there explicitly through [`mesh::on_shard`].
 
+pub mod admission;
 pub mod catalog;
 pub mod cluster;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod groups;
 mod handlers;
 pub mod mesh;
 pub mod probe;
+pub mod ratelog;
 pub mod shard;
 pub mod topic_config;
 
@@ -26,6 +28,7 @@ use std::time::Duration;
 
 use glommio::{Latency, LocalExecutorBuilder, Placement, Shares};
 
+use crate::admission::Admission;
 use crate::catalog::Catalog;
 use crate::cluster::{ClusterView, ControlMsg};
 use crate::config::BrokerConfig;
@@ -43,6 +46,8 @@ pub struct BrokerRuntime {
     pub probes: Vec<Arc<ShardProbe>>,
     /// The cluster view every shard reads (fixed in single-node mode).
     pub cluster: Arc<ClusterView>,
+    /// Connection and request-memory admission, shared by every shard.
+    pub admission: Arc<Admission>,
     /// One sender per shard for [`ControlMsg`]s (cluster mode: take over, relinquish).
     pub control: Vec<futures::channel::mpsc::UnboundedSender<ControlMsg>>,
     shutdown: Arc<AtomicBool>,
@@ -83,6 +88,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
     })?;
     let catalog = Arc::new(Catalog::open(&config.data_dir)?);
     let config = Arc::new(config);
+    let admission = Admission::new(config.limits);
     let nshards = config.shards.max(1);
     let probes: Vec<Arc<ShardProbe>> = (0..nshards)
         .map(|_| Arc::new(ShardProbe::default()))
@@ -99,6 +105,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         let (control_tx, control_rx) = futures::channel::mpsc::unbounded();
         control.push(control_tx);
         let cluster = cluster.clone();
+        let admission = admission.clone();
         // Pin to a core while there are enough cores; beyond that let the OS place them.
         let placement = if nshards <= cpus {
             Placement::Fixed(id)
@@ -131,6 +138,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
                     probe.clone(),
                     mesh.1,
                     cluster,
+                    admission,
                 ));
                 glommio::spawn_local(serve_control(shard.clone(), control_rx)).detach();
                 run_shard(shard, config, probe, shutdown, mesh.0, ready).await
@@ -166,6 +174,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         catalog,
         probes,
         cluster,
+        admission,
         control,
         shutdown,
         handles,
@@ -304,21 +313,7 @@ async fn run_shard(
     probe.listener_bound.store(true, Ordering::SeqCst);
     let acceptor = {
         let shard = shard.clone();
-        glommio::spawn_local(async move {
-            loop {
-                match listener.accept().await {
-                    Ok(stream) => {
-                        let shard = shard.clone();
-                        glommio::spawn_local(async move { conn::serve(shard, stream).await })
-                            .detach();
-                    }
-                    Err(e) => {
-                        tracing::warn!(shard = shard.id, error = %e, "accept failed");
-                        glommio::timer::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-        })
+        glommio::spawn_local(accept_loop(shard, listener))
     };
     glommio::spawn_local(retention_loop(shard.clone())).detach();
     glommio::spawn_local(groups::run_coordinator(shard.clone())).detach();
@@ -334,6 +329,70 @@ async fn run_shard(
     shard.groups.close_all().await;
     probe.stopped.store(true, Ordering::SeqCst);
     tracing::info!(shard = id, "shard stopped; partitions closed cleanly");
+}
+
+/// Accepts connections while the broker-wide limit has room (at the limit, new connections
+/// wait in the kernel's accept queue, as Kafka's `max.connections` makes them), closes those
+/// from an address over `--max-connections-per-ip`, and backs off when accept itself fails
+/// (EMFILE: out of file descriptors) instead of spinning on it.
+async fn accept_loop(shard: Rc<Shard>, listener: glommio::net::TcpListener) {
+    let admission = shard.admission.clone();
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        if !admission.has_room() {
+            admission.accept_paused.fetch_add(1, Ordering::Relaxed);
+            ratelog::limited("max-connections", |suppressed| {
+                tracing::warn!(
+                    shard = shard.id,
+                    limit = admission.limits().connections,
+                    suppressed,
+                    "--max-connections reached: new connections wait until others close"
+                );
+            });
+            while !admission.has_room() {
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let stream = match listener.accept().await {
+            Ok(stream) => {
+                backoff = Duration::from_millis(10);
+                stream
+            }
+            Err(e) => {
+                ratelog::limited("accept", |suppressed| {
+                    tracing::warn!(shard = shard.id, error = %e, suppressed, retry_in = ?backoff,
+                        "accepting a connection failed (EMFILE means the broker is out of file descriptors: raise `ulimit -n`)");
+                });
+                glommio::timer::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let ip = match stream.peer_addr() {
+            Ok(addr) => addr.ip(),
+            Err(_) => continue, // already gone
+        };
+        let permit = loop {
+            match admission.admit(ip) {
+                Ok(permit) => break Some(permit),
+                Err(admission::Refusal::PerIp) => {
+                    ratelog::limited("max-connections-per-ip", |suppressed| {
+                        tracing::warn!(shard = shard.id, %ip, limit = admission.limits().connections_per_ip, suppressed,
+                            "closing a new connection: its address has --max-connections-per-ip open");
+                    });
+                    break None;
+                }
+                // Another shard took the last slot meanwhile: this one waits its turn.
+                Err(admission::Refusal::Full) => {
+                    glommio::timer::sleep(Duration::from_millis(20)).await
+                }
+            }
+        };
+        if let Some(permit) = permit {
+            let shard = shard.clone();
+            glommio::spawn_local(async move { conn::serve(shard, stream, permit).await }).detach();
+        }
+    }
 }
 
 /// Applies compaction and retention (`cleanup.policy`, `retention.ms`, `retention.bytes`) to

@@ -48,6 +48,8 @@ pub struct Shard {
     pub groups: GroupManager,
     /// Who leads what in the cluster, and the write fence (fixed in single-node mode).
     pub cluster: Arc<ClusterView>,
+    /// Connection and request-memory admission, shared by every shard.
+    pub admission: Arc<crate::admission::Admission>,
     /// Cluster mode: the partitions this shard has taken over and serves, by topic name. Only
     /// [`Shard::take_over`] adds and [`Shard::relinquish`] removes; every partition request
     /// checks it ([`Shard::partition`]).
@@ -62,6 +64,7 @@ impl Shard {
         probe: Arc<ShardProbe>,
         peers: Peers,
         cluster: Arc<ClusterView>,
+        admission: Arc<crate::admission::Admission>,
     ) -> Shard {
         let groups = GroupManager::new(
             id,
@@ -80,6 +83,7 @@ impl Shard {
             peers,
             partitions: RefCell::new(HashMap::new()),
             cluster,
+            admission,
             serving: RefCell::new(HashMap::new()),
         }
     }

@@ -1,0 +1,280 @@
+"""Bounded under hostile conditions (issue 13, item 1): request memory is reserved as bytes
+arrive, within a broker-wide budget; a request body that stops arriving and an idle connection
+are closed; --max-connections and --max-connections-per-ip behave like Kafka's max.connections
+and max.connections.per.ip; accept backs off when the broker is out of file descriptors.
+
+Every test starts its own kaas with the flags it needs (broker_factory) and checks what a user
+or operator would: other clients keep working, memory stays bounded, the counters in /metrics
+say what happened."""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import socket
+import struct
+import threading
+import time
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+import kwire
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("KAAS_TEST_BOOTSTRAP")) or os.environ.get("KAAS_TEST_APACHE_KAFKA", "") not in ("", "0"),
+    reason="starts kaas with custom limits")
+
+
+def metric(broker, name: str, labels: str = "") -> float:
+    with urllib.request.urlopen(broker.health_url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    pat = "^" + re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{[^}]*\})?") + r" (\S+)$"
+    values = [float(m.group(1)) for m in re.finditer(pat, text, re.M)]
+    assert values, f"{name}{{{labels}}} not in /metrics"
+    return sum(values)
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process, in KiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def raise_own_fd_limit(n: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard))
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= n, "the test needs more file descriptors"
+
+
+def produce_and_consume(broker, topic: str, n: int, timeout_s: float = 60.0) -> float:
+    """Produces n records (acks=all) and reads them back; returns the seconds it took."""
+    started = time.monotonic()
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode())
+        p.poll(0)
+    assert p.flush(timeout_s) == 0, "records not acknowledged in time"
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{topic}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    deadline = time.monotonic() + timeout_s
+    while got < n and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            assert not m.error(), m.error()
+            got += 1
+    c.close()
+    assert got == n, f"read back {got} of {n}"
+    return time.monotonic() - started
+
+
+def test_trickled_huge_frames_hold_no_memory_and_are_closed(broker_factory):
+    """1,000 connections each declare a 100 MB request and then send one byte a second. The
+    broker's resident memory grows by a few MB, not 100 GB or its 256 MiB budget; other clients
+    keep producing and fetching meanwhile; each trickling connection is closed once its body
+    stops arriving (--request-progress-timeout-ms), and /metrics counts them."""
+    n = 1000
+    raise_own_fd_limit(n + 200)
+    b = broker_factory(extra_args=["--request-progress-timeout-ms", "8000"])
+    rss_before, _ = rss_kib(b.pid)
+    socks = []
+    header = struct.pack(">i", 100 * 1024 * 1024) + kwire.request(0, 3, 1, b"")[4:]
+    for _ in range(n):
+        s = socket.create_connection((b.host, b.port), timeout=10)
+        s.sendall(header)
+        socks.append(s)
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.is_set():
+            for s in socks:
+                try:
+                    s.send(b"\0")
+                except OSError:
+                    pass
+            stop.wait(1.0)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        took = produce_and_consume(b, "alongside", 2000)
+        time.sleep(3)
+        rss_during, _ = rss_kib(b.pid)
+        reserved = metric(b, "kaas_request_memory_bytes")
+        # Then they stop making progress: all closed within the timeout plus slack.
+        deadline = time.monotonic() + 30
+        stalled = 'reason="request_stalled"'
+        while (closed := metric(b, "kaas_connections_closed_total", stalled)) < n:
+            assert time.monotonic() < deadline, (
+                f"only {closed:.0f} of {n} trickling connections closed 30 s after they stalled")
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join(5)
+        for s in socks:
+            s.close()
+    _, peak = rss_kib(b.pid)
+    print(f"\n{n} connections trickling 100 MB frames: RSS {rss_before // 1024} MiB before,"
+          f" {rss_during // 1024} MiB during, peak {peak // 1024} MiB; request memory reserved"
+          f" {reserved / 2**20:.1f} MiB; 2,000 records produced and read alongside in {took:.1f} s")
+    assert (peak - rss_before) < 96 * 1024, f"resident memory grew by {(peak - rss_before) // 1024} MiB"
+    assert reserved <= 8 * 1024 * 1024, f"{reserved} bytes of request memory reserved by trickling connections"
+    assert metric(b, "kaas_request_memory_bytes") == 0
+    # And the broker still serves.
+    assert kwire.api_versions(b)
+
+
+def test_request_memory_budget_pushes_back_instead_of_allocating(broker_factory):
+    """With a 4 MiB budget, 8 connections each sending a 3 MiB Produce at once: the broker never
+    reserves more than the budget (the connections wait their turn — counted in /metrics) and
+    every request is still answered."""
+    b = broker_factory(max_frame_bytes=4 << 20, extra_args=["--queued-max-request-bytes", str(4 << 20)])
+    ranges = kwire.api_versions(b)
+    version = kwire.pick_produce_version(ranges)
+    batch = kwire.record_batch([(None, b"x" * (3 << 20))])
+    frame = kwire.produce_request(version, 7, "budget", 0, batch)
+    socks = [kwire.connect(b) for _ in range(8)]
+    peak = 0
+    done = threading.Event()
+
+    def watch():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, metric(b, "kaas_request_memory_bytes"))
+            time.sleep(0.01)
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    senders = [threading.Thread(target=s.sendall, args=(frame,)) for s in socks]
+    for t in senders:
+        t.start()
+    answers = []
+    for s in socks:
+        s.settimeout(60)
+        answers.append(kwire.parse_produce_response(version, kwire.recv_frame(s)))
+    for t in senders:
+        t.join(10)
+    done.set()
+    w.join(5)
+    for s in socks:
+        s.close()
+    errors = [a for a in answers if a[2] not in (0,)]
+    assert not errors, f"produce errors: {errors}"
+    assert peak <= 4 << 20, f"{peak} bytes of request memory reserved, budget 4 MiB"
+    assert metric(b, "kaas_request_memory_waits_total") >= 1, "no connection ever waited for memory"
+    print(f"\n8 x 3 MiB produce through a 4 MiB budget: peak reserved {peak / 2**20:.2f} MiB,"
+          f" {metric(b, 'kaas_request_memory_waits_total'):.0f} waits, all answered")
+
+
+def test_idle_connections_are_closed(broker_factory):
+    """connections.max.idle.ms: a connection with no request for that long is closed; one that
+    keeps sending requests stays open."""
+    b = broker_factory(extra_args=["--connections-max-idle-ms", "2000"])
+    idle = kwire.connect(b)
+    busy = kwire.connect(b)
+    started = time.monotonic()
+    for i in range(6):
+        busy.sendall(kwire.request(18, 0, i, b""))
+        kwire.recv_frame(busy)
+        time.sleep(0.5)
+    kwire.wait_closed(idle, timeout=5)
+    assert time.monotonic() - started >= 1.9
+    busy.sendall(kwire.request(18, 0, 99, b""))
+    assert kwire.recv_frame(busy)
+    assert metric(b, "kaas_connections_closed_total", 'reason="idle"') >= 1
+    idle.close()
+    busy.close()
+
+
+def test_max_connections_per_ip_closes_the_excess(broker_factory):
+    """max.connections.per.ip: the 6th connection from 127.0.0.1 is closed at once, another
+    address (127.0.0.2) still gets in, and a slot freed is usable again."""
+    b = broker_factory(extra_args=["--max-connections-per-ip", "5"])
+    kept = [kwire.connect(b) for _ in range(5)]
+    for s in kept:
+        s.sendall(kwire.request(18, 0, 1, b""))
+        assert kwire.recv_frame(s)
+    extra = kwire.connect(b)
+    extra.sendall(kwire.request(18, 0, 2, b""))
+    assert kwire.closed_or_response(extra, timeout=5) is None, "the 6th connection was served"
+    extra.close()
+    # Another source address on loopback.
+    other = socket.socket()
+    other.bind(("127.0.0.2", 0))
+    other.settimeout(5)
+    other.connect((b.host, b.port))
+    other.sendall(kwire.request(18, 0, 3, b""))
+    assert kwire.recv_frame(other)
+    other.close()
+    kept.pop().close()
+    deadline = time.monotonic() + 5
+    while True:
+        s = kwire.connect(b)
+        s.sendall(kwire.request(18, 0, 4, b""))
+        if kwire.closed_or_response(s, timeout=5) is not None:
+            s.close()
+            break
+        s.close()
+        assert time.monotonic() < deadline, "a freed slot was not given back"
+        time.sleep(0.1)
+    assert metric(b, "kaas_connections_closed_total", 'reason="max_connections_per_ip"') >= 1
+    for s in kept:
+        s.close()
+
+
+def test_max_connections_makes_new_ones_wait(broker_factory):
+    """max.connections: at the limit a new connection waits (it is not refused) and is served as
+    soon as another closes."""
+    b = broker_factory(extra_args=["--max-connections", "4"])
+    kept = [kwire.connect(b) for _ in range(4)]
+    for s in kept:
+        s.sendall(kwire.request(18, 0, 1, b""))
+        assert kwire.recv_frame(s)
+    waiting = kwire.connect(b)
+    waiting.sendall(kwire.request(18, 0, 2, b""))
+    waiting.settimeout(1.5)
+    with pytest.raises(socket.timeout):
+        waiting.recv(4)
+    kept.pop().close()
+    waiting.settimeout(5)
+    assert kwire.recv_frame(waiting), "the waiting connection was not served after a slot freed"
+    assert metric(b, "kaas_accept_paused_total") >= 1
+    waiting.close()
+    for s in kept:
+        s.close()
+
+
+def test_out_of_file_descriptors_backs_off_and_recovers(broker_factory, tmp_path):
+    """With a hard limit of 256 open files, 400 connections: accept fails with EMFILE, the broker
+    backs off and logs it a few times (not a line per attempt), and once the flood closes it
+    answers ApiVersions again."""
+    raise_own_fd_limit(600)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    b = broker_factory(preexec_fn=limit)
+    socks = []
+    for _ in range(400):
+        try:
+            socks.append(socket.create_connection((b.host, b.port), timeout=2))
+        except OSError:
+            break
+    time.sleep(3)
+    for s in socks:
+        s.close()
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            assert kwire.api_versions(b)
+            break
+        except (OSError, kwire.Closed, AssertionError):
+            assert time.monotonic() < deadline, "no ApiVersions answer after the flood closed"
+            time.sleep(0.2)
+    log = b.log_path.read_text(errors="replace")
+    lines = log.count("accepting a connection failed")
+    print(f"\n400 connections at a 256-file limit: {lines} accept-failure log lines")
+    assert lines <= 10, f"{lines} accept-failure lines in the log"
