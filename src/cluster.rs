@@ -72,6 +72,8 @@ pub struct ClusterConfig {
     pub status_interval: Duration,
     pub data_dir: PathBuf,
     pub advertised: (String, u16),
+    /// Signs and checks heartbeat messages.
+    pub key: kaas_control::heartbeat::auth::ClusterKey,
 }
 
 impl ClusterConfig {
@@ -232,6 +234,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
     let client_config = ClientConfig {
         status_interval: config.status_interval,
         silence_timeout: config.timing.broker_fence.max(Duration::from_secs(2)),
+        key: Some(config.key.clone()),
         ..ClientConfig::default()
     };
     let (_client, mut events) =
@@ -586,6 +589,7 @@ async fn controller_loop(
                 alive_timeout: config.timing.release_after,
                 pinned: Some((BrokerId(config.broker_id), config.rack.clone())),
                 leadership: Some(leadership.clone()),
+                key: Some(config.key.clone()),
             },
             epoch,
         );

@@ -243,7 +243,8 @@ impl HealthSource for HealthView {
                 counter.load(Ordering::Relaxed)
             );
         }
-        let admission_series: [(&str, &str, &str, u64); 4] = [
+        let admission_series: [(&str, &str, &str, u64); 5] = [
+            ("kaas_heartbeat_refused_total", "counter", "Heartbeat streams and messages refused for a missing or bad signature (cluster mode).", kaas_control::heartbeat::auth::REFUSED.load(Ordering::Relaxed)),
             (
                 "kaas_request_memory_bytes",
                 "gauge",

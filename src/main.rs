@@ -38,8 +38,9 @@ struct Args {
     /// Number of shards (glommio executors, each pinned to a core). Defaults to the core count.
     #[arg(long, env = "KAAS_SHARDS")]
     shards: Option<usize>,
-    /// Address of the HTTP endpoint serving /healthz, /readyz and /metrics.
-    #[arg(long, env = "KAAS_HEALTH_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Address of the HTTP endpoint serving /healthz, /readyz and /metrics (loopback unless
+    /// told otherwise; the container image and the chart set 0.0.0.0:8080).
+    #[arg(long, env = "KAAS_HEALTH_LISTEN", default_value = "127.0.0.1:8080")]
     health_listen: SocketAddr,
     /// Create unknown topics on Metadata and Produce requests.
     #[arg(long, env = "KAAS_AUTO_CREATE_TOPICS", default_value_t = true, action = ArgAction::Set)]
@@ -91,9 +92,15 @@ struct Args {
     /// --data-dir is the volume every broker shares.
     #[arg(long, env = "KAAS_LEASE", value_enum)]
     lease: Option<cluster::LeaseKind>,
-    /// Cluster mode: address the heartbeat gRPC server binds while this broker is controller.
-    #[arg(long, env = "KAAS_HEARTBEAT_LISTEN", default_value = "0.0.0.0:9094")]
+    /// Cluster mode: address the heartbeat gRPC server binds while this broker is controller
+    /// (loopback unless told otherwise, as for the Kafka port; the chart sets the pod address).
+    #[arg(long, env = "KAAS_HEARTBEAT_LISTEN", default_value = "127.0.0.1:9094")]
     heartbeat_listen: SocketAddr,
+    /// Cluster mode: file holding the cluster key that signs heartbeat messages (at least 16
+    /// bytes, e.g. a Kubernetes Secret). Default: `<data-dir>/__cluster/heartbeat.key`, created
+    /// by the first broker on the shared volume.
+    #[arg(long, env = "KAAS_CLUSTER_KEY_FILE")]
+    cluster_key_file: Option<PathBuf>,
     /// Cluster mode: HOST:PORT other brokers dial for this broker's heartbeat server. Defaults
     /// to the advertised Kafka host with the heartbeat port (or the listen address if specific).
     #[arg(long, env = "KAAS_HEARTBEAT_ADVERTISED")]
@@ -206,6 +213,11 @@ fn cluster_config(
         status_interval: fence / 5,
         data_dir: args.data_dir.clone(),
         advertised: (config.advertised_host.clone(), config.advertised_port),
+        key: kaas_control::heartbeat::auth::ClusterKey::load(
+            &args.data_dir,
+            args.cluster_key_file.as_deref(),
+        )
+        .context("loading the cluster key that signs heartbeats (--cluster-key-file)")?,
     })
 }
 

@@ -278,3 +278,27 @@ def test_out_of_file_descriptors_backs_off_and_recovers(broker_factory, tmp_path
     lines = log.count("accepting a connection failed")
     print(f"\n400 connections at a 256-file limit: {lines} accept-failure log lines")
     assert lines <= 10, f"{lines} accept-failure lines in the log"
+
+
+def test_a_flood_of_bad_frames_writes_little_log(broker_factory):
+    """Issue 13, item 5: 5,000 connections each sending a malformed frame (a negative length,
+    an oversized one, an unknown API) are all refused and counted in /metrics, and the log grows
+    by a few kilobytes (a line per cause per 10 s with the count suppressed), not a line each."""
+    b = broker_factory()
+    before = b.log_path.stat().st_size
+    errors_before = metric(b, "kaas_protocol_errors_total")
+    frames = [struct.pack(">i", -5), struct.pack(">i", 1 << 30),
+              kwire.request(9999, 0, 1, b"")]
+    for i in range(5000):
+        with socket.create_connection((b.host, b.port), timeout=5) as s:
+            s.sendall(frames[i % len(frames)])
+            try:
+                s.recv(64)
+            except OSError:
+                pass
+    grown = b.log_path.stat().st_size - before
+    refused = metric(b, "kaas_protocol_errors_total") - errors_before
+    print(f"\n5,000 malformed frames: {refused:.0f} counted, log grew {grown} bytes")
+    assert refused >= 4900, f"only {refused} of 5,000 malformed frames counted"
+    assert grown < 20_000, f"the log grew by {grown} bytes"
+    assert kwire.api_versions(b)

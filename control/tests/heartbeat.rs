@@ -22,6 +22,7 @@ fn server_config() -> ServerConfig {
         alive_timeout: Duration::from_secs(1),
         pinned: None,
         leadership: None,
+        key: None,
     }
 }
 
@@ -33,6 +34,7 @@ fn client_config() -> ClientConfig {
         connect_timeout: Duration::from_secs(1),
         silence_timeout: Duration::from_secs(2),
         send_partition_list: false,
+        key: None,
     }
 }
 
@@ -418,4 +420,110 @@ async fn expect_no_ack(broker: &mut Broker, what: &str) {
             assert!(sent < from, "{what} was acknowledged");
         }
     }
+}
+
+// Proves (issue 13, item 4): with a cluster key, a broker holding it registers, while a
+// stranger without it — a forged status registering a fake broker 7 with its own address, or
+// impersonating broker 1 as draining from another host — is refused: its stream is closed,
+// nothing of it reaches the registry, and the refusal is counted.
+#[tokio::test]
+async fn forged_statuses_are_refused_and_signed_ones_accepted() {
+    use kaas_control::heartbeat::auth::{ClusterKey, REFUSED};
+    use kaas_proto::heartbeat::heartbeat_client::HeartbeatClient as GrpcClient;
+    use kaas_proto::heartbeat::BrokerStatus;
+
+    let key = ClusterKey::from_bytes(b"this cluster's key: 32 bytes ok!");
+    let server = start_server_with(
+        "127.0.0.1:0",
+        ServerConfig {
+            key: Some(key.clone()),
+            ..server_config()
+        },
+        1,
+    )
+    .await;
+    let mut alive = server.server.alive();
+    let (tx, rx) = watch::channel(Some(server.addr.to_string()));
+    let (status, status_rx) = watch::channel(LocalStatus::new(BrokerId(1), "b1", 9092));
+    let (task, mut events) = HeartbeatClient::spawn(
+        ClientConfig {
+            key: Some(key.clone()),
+            ..client_config()
+        },
+        rx,
+        status_rx,
+    );
+    wait_alive(&mut alive, &[1]).await;
+    wait_event(&mut events, "a signed acknowledgement", |e| {
+        matches!(
+            e,
+            ControllerEvent::Ping {
+                acked_sent_at: Some(_),
+                ..
+            }
+        )
+    })
+    .await;
+
+    let refused_before = REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+    let stranger = ClusterKey::from_bytes(b"a stranger's guess at the key!!!");
+    let forgeries = [
+        // Unsigned: a fake broker 7 advertising the forger's address.
+        BrokerStatus {
+            broker_id: 7,
+            advertised_host: "203.0.113.7".into(),
+            advertised_port: 9092,
+            healthy: true,
+            sequence: 1,
+            ..Default::default()
+        },
+        // Signed with another key: broker 1, draining, another host, a large sequence.
+        {
+            let mut s = BrokerStatus {
+                broker_id: 1,
+                advertised_host: "203.0.113.7".into(),
+                advertised_port: 9092,
+                healthy: true,
+                draining: true,
+                sequence: 1 << 40,
+                ..Default::default()
+            };
+            stranger.sign_status(&mut s);
+            s
+        },
+    ];
+    for forged in forgeries {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        let (ftx, frx) = mpsc::channel(4);
+        ftx.send(forged).await.unwrap();
+        let mut inbound = GrpcClient::new(channel)
+            .heartbeat(tokio_stream::wrappers::ReceiverStream::new(frx))
+            .await
+            .expect("stream opens")
+            .into_inner();
+        // The controller sends nothing to an unproven stream and closes it.
+        let first = bounded("the forged stream to close", inbound.message()).await;
+        assert!(
+            matches!(first, Ok(None) | Err(_)),
+            "the forger got a message: {first:?}"
+        );
+    }
+    server.server.refresh();
+    let registry = server.server.registry();
+    let rows = server.server.broker_rows(&[]);
+    assert_eq!(
+        rows.iter().map(|r| r.id.0).collect::<Vec<_>>(),
+        vec![1],
+        "{registry:?}"
+    );
+    assert_eq!(rows[0].host, "b1", "the forger changed broker 1's address");
+    assert_eq!(rows[0].health, kaas_control::assignment::Health::Alive);
+    assert!(REFUSED.load(std::sync::atomic::Ordering::Relaxed) >= refused_before + 2);
+    drop((status, tx));
+    task.abort();
+    server.stop().await;
 }

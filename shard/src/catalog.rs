@@ -195,15 +195,22 @@ impl Catalog {
         let _lock = FileLock::take(&dir)?;
         let table: TopicTable = load_json(&dir.join("topics.json"))?.unwrap_or_default();
         let cluster_path = dir.join("cluster.json");
-        let mut meta: ClusterMeta = load_json(&cluster_path)?.unwrap_or_else(|| ClusterMeta {
-            cluster_id: base64_uuid(Uuid::new_v4()),
-            producer_id_limit: 0,
-        });
+        let meta: ClusterMeta = match load_json(&cluster_path)? {
+            Some(meta) => meta,
+            None => {
+                let meta = ClusterMeta {
+                    cluster_id: base64_uuid(Uuid::new_v4()),
+                    producer_id_limit: 0,
+                };
+                store_json(&cluster_path, &meta)?;
+                meta
+            }
+        };
         // Everything below the stored limit may have been handed out before a crash (or by
-        // another broker of the volume): this process takes the next block for itself.
+        // another broker of the volume), so the first InitProducerId reserves the next block
+        // (`allocate_producer_id`). Not here: a start must write nothing it does not need, or
+        // a broker on a full disk could not start to let the operator delete topics.
         let next = meta.producer_id_limit;
-        meta.producer_id_limit = next + PRODUCER_ID_BLOCK;
-        store_json(&cluster_path, &meta)?;
         let cluster_id = meta.cluster_id.clone();
         let broker_configs: BTreeMap<String, String> =
             load_json(&dir.join("broker-configs.json"))?.unwrap_or_default();
@@ -503,5 +510,40 @@ mod tests {
             a.partition_dir(dir.path(), 0),
             b.partition_dir(dir.path(), 0)
         );
+    }
+
+    // Proves: opening an existing catalog writes nothing (a broker on a full disk must start),
+    // and producer ids stay unique across reopens all the same.
+    #[test]
+    fn reopening_writes_nothing_and_ids_stay_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        let first = c.allocate_producer_id().unwrap();
+        drop(c);
+        let meta = dir.path().join("__meta");
+        let before: Vec<_> = std::fs::read_dir(&meta)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), e.metadata().unwrap().modified().unwrap())
+            })
+            .collect();
+        let bytes = std::fs::read(meta.join("cluster.json")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let c = Catalog::open(dir.path()).unwrap();
+        let mut after: Vec<_> = std::fs::read_dir(&meta)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), e.metadata().unwrap().modified().unwrap())
+            })
+            .collect();
+        let mut before = before;
+        before.sort();
+        after.sort();
+        assert_eq!(before, after, "opening the catalog changed __meta");
+        assert_eq!(std::fs::read(meta.join("cluster.json")).unwrap(), bytes);
+        let second = c.allocate_producer_id().unwrap();
+        assert!(second > first, "{second} after {first}");
     }
 }

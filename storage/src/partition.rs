@@ -184,6 +184,9 @@ pub struct PartitionLog {
     seal_lock: Semaphore,
     /// Woken whenever the log end offset moves, for Fetch long-polls.
     data_waiters: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
+    /// What consumers may read: the end of the last write that was acknowledged (or would
+    /// have been: see [`Self::advance_high_watermark`]). Everything recovered at open counts.
+    high_watermark: Cell<i64>,
     closed: Cell<bool>,
     /// The cleaner checkpoint: every segment below this offset has been compacted, so its keys
     /// are unique among themselves (persisted in `cleaner-checkpoint`).
@@ -379,6 +382,7 @@ impl PartitionLog {
             snapshot_stored: Cell::new(replay_from),
             seal_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
+            high_watermark: Cell::new(log_end_offset),
             closed: Cell::new(false),
             cleaner_checkpoint: Cell::new(cleaner_checkpoint),
             generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -400,9 +404,30 @@ impl PartitionLog {
     pub fn log_end_offset(&self) -> i64 {
         self.state.borrow().log_end_offset
     }
-    /// Single-copy log: everything written is readable, as Kafka with one in-sync replica.
+    /// What consumers may read up to (exclusive).
+    ///
+    /// A single-copy log needs a high watermark all the same, in cluster mode: a write that
+    /// failed its last check before acknowledgement (the write fence closed, the partition was
+    /// relinquished) may be cut when the next leader takes the partition over (the divergence
+    /// rule, `crate::divergence`), and a consumer that had read it would then see the log
+    /// truncated below its position — librdkafka reports "Partition log truncation detected"
+    /// and, with its default `auto.offset.reset`, moves on. So records become readable only
+    /// once a write ending at or after them passed that check ([`Self::advance_high_watermark`]),
+    /// which also means, for acks=all, after their sync.
     pub fn high_watermark(&self) -> i64 {
-        self.log_end_offset()
+        self.high_watermark.get()
+    }
+
+    /// Records that a write ending at `end_offset` passed the check before its acknowledgement:
+    /// everything below it may be read. Wakes waiting fetches.
+    pub fn advance_high_watermark(&self, end_offset: i64) {
+        let end = end_offset.min(self.log_end_offset());
+        if end > self.high_watermark.get() {
+            self.high_watermark.set(end);
+            for w in self.data_waiters.borrow_mut().drain(..) {
+                let _ = w.send(());
+            }
+        }
     }
     pub fn log_start_offset(&self) -> i64 {
         self.state.borrow().log_start_offset
@@ -560,9 +585,6 @@ impl PartitionLog {
                 seg.index.push(e);
             }
             st.log_end_offset = next;
-        }
-        for w in self.data_waiters.borrow_mut().drain(..) {
-            let _ = w.send(());
         }
         self.schedule_flush(next);
         if zero_fill {
@@ -1088,13 +1110,34 @@ impl PartitionLog {
     /// extent up to `max_bytes` likewise, so a read touches a bounded number of headers
     /// whatever the batch size or the fetch size.
     pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
+        self.read_below(offset, max_bytes, self.log_end_offset())
+    }
+
+    /// [`Self::read`] for consumers: only what is below the high watermark. An offset between
+    /// the high watermark and the log end reads nothing (as in Kafka), beyond the end it is
+    /// out of range.
+    pub async fn read_visible(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.read_below(offset, max_bytes, self.high_watermark())
+    }
+
+    fn read_below(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        bound: i64,
+    ) -> Result<ReadOutcome, StorageError> {
         let st = self.state.borrow();
-        let (hw, start) = (st.log_end_offset, st.log_start_offset);
-        if offset < start || offset > hw {
+        let (end, start) = (st.log_end_offset, st.log_start_offset);
+        let hw = bound.min(end);
+        if offset < start || offset > end {
             return Err(StorageError::OffsetOutOfRange {
                 offset,
                 log_start: start,
-                log_end: hw,
+                log_end: end,
             });
         }
         let outcome = |records: Bytes| ReadOutcome {
@@ -1102,7 +1145,7 @@ impl PartitionLog {
             high_watermark: hw,
             log_start_offset: start,
         };
-        if offset == hw {
+        if offset >= hw {
             return Ok(outcome(Bytes::new()));
         }
         let si = st
@@ -1122,18 +1165,24 @@ impl PartitionLog {
             let Some(first) = seg.index.find(&data, offset) else {
                 continue;
             };
-            // Whole batches from there while they fit in `max_bytes` (at least one).
+            // Whole batches from there while they fit in `max_bytes` (at least one), none at or
+            // past the bound (which is always a batch boundary: a write's end).
             let from = first.position as usize;
-            let limit = first.position.saturating_add(max_bytes as u64);
+            let mut limit = first.position.saturating_add(max_bytes as u64);
+            if seg.index.last().is_some_and(|l| l.last_offset >= hw) {
+                if let Some(b) = seg.index.find(&data, hw) {
+                    limit = limit.min(b.position);
+                }
+            }
             let end = seg.index.end_within(&data, first.end_position(), limit) as usize;
             return Ok(outcome(data.slice(from..end)));
         }
         Ok(outcome(Bytes::new()))
     }
 
-    /// Waits until the log end offset passes `offset` or `timeout` elapses.
+    /// Waits until the high watermark passes `offset` or `timeout` elapses.
     pub async fn wait_for_data(&self, offset: i64, timeout: Duration) {
-        if self.log_end_offset() > offset {
+        if self.high_watermark() > offset {
             return;
         }
         let (tx, rx) = futures::channel::oneshot::channel();

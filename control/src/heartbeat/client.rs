@@ -34,6 +34,9 @@ pub struct ClientConfig {
     pub silence_timeout: Duration,
     /// Send the full list of served partitions with every status (otherwise only the count).
     pub send_partition_list: bool,
+    /// Signs statuses and checks the controller's messages ([`super::auth`]). `None`: no
+    /// signatures (tests of the stream alone).
+    pub key: Option<super::auth::ClusterKey>,
 }
 
 impl Default for ClientConfig {
@@ -45,6 +48,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(2),
             silence_timeout: Duration::from_secs(5),
             send_partition_list: false,
+            key: None,
         }
     }
 }
@@ -113,6 +117,8 @@ impl LocalStatus {
                 Vec::new()
             },
             sequence,
+            // Stamped and signed by `ClusterKey::sign_status` when the stream is signed.
+            ..Default::default()
         }
     }
 }
@@ -340,9 +346,12 @@ async fn session(
             }
             sent.push_back((*sequence, tokio::time::Instant::now()));
         }
-        let message = status
+        let mut message = status
             .borrow()
             .to_proto(*sequence, config.send_partition_list);
+        if let Some(key) = &config.key {
+            key.sign_status(&mut message);
+        }
         // A full buffer means the transport is backed up; the next tick sends a fresher status.
         !matches!(
             tx.try_send(message),
@@ -416,6 +425,15 @@ async fn session(
                     Ok(None) => return SessionEnd::Failed { reason: "controller closed the stream".into(), answered },
                     Err(e) => return SessionEnd::Failed { reason: e.to_string(), answered },
                 };
+                if let Some(key) = &config.key {
+                    let me = status.borrow().broker_id.0;
+                    if let Err(e) = key.verify_message(&message, me) {
+                        // Not from a controller of this cluster: it proves nothing, and above
+                        // all its acknowledgements must not open the write fence.
+                        super::auth::refused(&format!("ignoring a message on the heartbeat stream from {addr}: {e}"));
+                        continue;
+                    }
+                }
                 silence.as_mut().reset(tokio::time::Instant::now() + config.silence_timeout);
                 if !answered {
                     answered = true;

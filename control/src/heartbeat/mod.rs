@@ -16,6 +16,7 @@
 //! leaves the alive set, so it does not cost the cluster a rebalance and a takeover per partition.
 //! A broker that is really gone leaves it `alive_timeout` after its last status.
 
+pub mod auth;
 pub mod client;
 pub mod server;
 

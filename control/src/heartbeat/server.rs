@@ -39,6 +39,9 @@ pub struct ServerConfig {
     /// broker's write fence, so a deposed controller must never send one. `None` acknowledges
     /// every status (tests of the stream alone).
     pub leadership: Option<watch::Receiver<Leadership>>,
+    /// Checks statuses and signs what is sent ([`super::auth`]). `None`: no signatures (tests
+    /// of the stream alone).
+    pub key: Option<super::auth::ClusterKey>,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +51,7 @@ impl Default for ServerConfig {
             alive_timeout: Duration::from_secs(5),
             pinned: None,
             leadership: None,
+            key: None,
         }
     }
 }
@@ -115,6 +119,7 @@ impl Shared {
                 controller_epoch: self.controller_epoch.load(Ordering::Acquire),
                 acked_sequence,
             })),
+            ..Default::default()
         }
     }
 }
@@ -281,11 +286,14 @@ impl Heartbeat for HeartbeatServer {
             if announced.borrow().is_some() {
                 announced.mark_changed();
             }
+            // The broker this stream speaks for: set by its first signed status, and no other
+            // id may speak on it. Nothing is sent before (a message is signed for one broker).
+            let mut speaks_for: Option<i32> = None;
             let reason = loop {
                 if *closing.borrow_and_update() {
                     break "controller closing";
                 }
-                let message = tokio::select! {
+                let mut message = tokio::select! {
                     _ = closing.changed() => continue,
                     _ = ping.tick() => shared.ping(0),
                     changed = announced.changed() => {
@@ -302,17 +310,38 @@ impl Heartbeat for HeartbeatServer {
                                 assignment_version,
                                 controller_epoch,
                             })),
+                            ..Default::default()
                         }
                     }
                     status = inbound.message() => match status {
-                        Ok(Some(status)) => match shared.record(stream_id, status) {
-                            Some(ack) => ack,
-                            None => continue,
-                        },
+                        Ok(Some(status)) => {
+                            if let Some(key) = &shared.config.key {
+                                let claimed = status.broker_id;
+                                let verdict = key.verify_status(&status).map_err(|e| e.to_string()).and_then(|()| {
+                                    match speaks_for {
+                                        Some(b) if b != claimed => Err(format!("stream of broker {b} spoke as broker {claimed}")),
+                                        _ => Ok(()),
+                                    }
+                                });
+                                if let Err(e) = verdict {
+                                    super::auth::refused(&format!("refusing a heartbeat stream from {peer:?} claiming broker {claimed}: {e}"));
+                                    break "refused";
+                                }
+                                speaks_for = Some(claimed);
+                            }
+                            match shared.record(stream_id, status) {
+                                Some(ack) => ack,
+                                None => continue,
+                            }
+                        }
                         Ok(None) => break "broker closed the stream",
                         Err(_) => break "stream error",
                     },
                 };
+                if let Some(key) = &shared.config.key {
+                    let Some(broker) = speaks_for else { continue };
+                    key.sign_message(&mut message, broker);
+                }
                 match tx.try_send(Ok(message)) {
                     Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
                     Err(mpsc::error::TrySendError::Closed(_)) => break "response stream dropped",

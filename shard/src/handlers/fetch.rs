@@ -195,7 +195,7 @@ async fn read_partition(
         Ok(l) => l,
         Err(e) => return PartRead::error(errors::storage(&e)),
     };
-    match log.read(offset, max_bytes.max(1)).await {
+    match log.read_visible(offset, max_bytes.max(1)).await {
         Ok(r) => PartRead {
             error_code: errors::NONE,
             high_watermark: r.high_watermark,

@@ -257,7 +257,14 @@ async fn produce_partition(
             log: log.generation(),
         };
     }
-    Appended::Done(may_acknowledge(&shard, &meta, partition, &log, result))
+    Appended::Done(may_acknowledge(
+        &shard,
+        &meta,
+        partition,
+        &log,
+        result,
+        outcome.end_offset(),
+    ))
 }
 
 /// Runs on the owning shard: answers an acks=all write once the sync covering it completed.
@@ -280,16 +287,19 @@ async fn acknowledge_when_durable(
         tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
         return PartResult::error(errors::storage(&e));
     }
-    may_acknowledge(&shard, &meta, partition, &log, result)
+    may_acknowledge(&shard, &meta, partition, &log, result, end_offset)
 }
 
 /// The last check before a success goes out, after the write (and for acks=all its sync).
+/// A write that passes it can no longer be cut by a take-over, so consumers may read it: the
+/// high watermark moves to its end (see `PartitionLog::high_watermark`).
 fn may_acknowledge(
     shard: &Shard,
     meta: &TopicMeta,
     partition: i32,
     log: &kaas_storage::PartitionLog,
     result: PartResult,
+    end_offset: i64,
 ) -> PartResult {
     if !shard.cluster.may_acknowledge() || !shard.serves(&meta.name, partition) || log.is_closed() {
         // The fence closed while the write was in flight, or the partition was relinquished
@@ -299,6 +309,7 @@ fn may_acknowledge(
         // retries on the new leader (idempotence removes the copy if this one did land).
         return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
     }
+    log.advance_high_watermark(end_offset);
     result
 }
 

@@ -1,0 +1,305 @@
+//! Who may speak on the heartbeat channel: every message is signed with HMAC-SHA256.
+//!
+//! Runs on the control thread (signing and checking are a few microseconds per message, once a
+//! second per broker). Without it, anyone who could reach a controller's heartbeat port could
+//! register a broker with any address and have partitions assigned to it, or speak as a real
+//! broker (draining, a different host) and move its partitions away.
+//!
+//! # Keys
+//!
+//! The cluster key is 32 random bytes shared by the brokers of one cluster: by default the file
+//! `__cluster/heartbeat.key` on the shared data volume, created by the first broker (the volume
+//! is already what a broker trusts: whoever can write it can change any log), or the file given
+//! by `--cluster-key-file` (a Kubernetes Secret, for instance). Each broker signs with its own
+//! key, derived from the cluster key and its id, so a status signed as broker N is refused when
+//! it claims to be broker M, and a controller's message for broker N is refused by broker M.
+//! What a shared key cannot give: a broker that holds the cluster key can derive every other
+//! broker's key. Binding an id to a credential the other brokers do not hold needs per-broker
+//! certificates (mutual TLS), which this does not do.
+//!
+//! # Replay
+//!
+//! A status carries its send time and is refused more than [`MAX_CLOCK_SKEW`] away from the
+//! controller's clock, so a recorded status cannot be replayed later; within that window a
+//! replay repeats what the broker itself said. A controller's acknowledgement names the status
+//! sequence it acknowledges, and a broker opens its write fence from the time it *sent* that
+//! status, so a replayed old acknowledgement opens nothing.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kaas_proto::heartbeat::{BrokerStatus, ControllerMessage};
+use prost::Message;
+use ring::hmac;
+use ring::rand::SecureRandom;
+
+/// The cluster key's file on the shared volume (when `--cluster-key-file` is not given).
+pub const KEY_FILE: &str = "heartbeat.key";
+/// Length of a generated cluster key.
+const KEY_BYTES: usize = 32;
+/// Shortest cluster key accepted from a file.
+const MIN_KEY_BYTES: usize = 16;
+/// How far a status's send time may be from the controller's clock.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(30);
+
+/// Heartbeat streams or messages refused for a bad or missing signature, since start
+/// (`kaas_heartbeat_refused_total`).
+pub static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a refusal and logs it, at most one line per 10 s (a stranger retrying in a loop
+/// must not flood the log), with the number suppressed meanwhile.
+pub fn refused(what: &str) {
+    static LAST_LOG_S: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    let now_s = now_unix_ms() / 1000;
+    let last = LAST_LOG_S.load(Ordering::Relaxed);
+    if now_s >= last + 10
+        && LAST_LOG_S
+            .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+        tracing::warn!(suppressed, "{what} (every broker of a cluster must use the same cluster key: __cluster/heartbeat.key on the shared volume, or --cluster-key-file)");
+    } else {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The cluster key (see the module docs).
+#[derive(Clone)]
+pub struct ClusterKey {
+    master: hmac::Key,
+}
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterKey(..)")
+    }
+}
+
+/// Why a message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("no signature (a broker of another kaas version or cluster, or not a broker)")]
+    Missing,
+    #[error("bad signature for broker {0} (a different cluster key, or forged)")]
+    Bad(i32),
+    #[error("sent {0:?} away from this controller's clock (more than {MAX_CLOCK_SKEW:?}: replayed, or clocks far apart)")]
+    Stale(Duration),
+}
+
+impl ClusterKey {
+    /// A key from raw bytes (tests; [`Self::load`] for brokers).
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        Self {
+            master: hmac::Key::new(hmac::HMAC_SHA256, bytes),
+        }
+    }
+
+    /// The key in `file` if given, else `<shared>/__cluster/heartbeat.key`, created with a
+    /// fresh random key by the first broker that finds none.
+    pub fn load(shared_dir: &Path, file: Option<&Path>) -> io::Result<Self> {
+        if let Some(file) = file {
+            let bytes = std::fs::read(file)?;
+            let bytes = trim_ascii(&bytes);
+            if bytes.len() < MIN_KEY_BYTES {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: a cluster key needs at least {MIN_KEY_BYTES} bytes, found {}",
+                        file.display(),
+                        bytes.len()
+                    ),
+                ));
+            }
+            return Ok(Self::from_bytes(bytes));
+        }
+        let dir = shared_dir.join(crate::assignment::CLUSTER_DIR);
+        let path = dir.join(KEY_FILE);
+        if let Some(bytes) = crate::chain::read_optional(&path)? {
+            return Ok(Self::from_bytes(&bytes));
+        }
+        std::fs::create_dir_all(&dir)?;
+        let mut fresh = [0u8; KEY_BYTES];
+        ring::rand::SystemRandom::new()
+            .fill(&mut fresh)
+            .map_err(|_| io::Error::other("no randomness for a cluster key"))?;
+        // Written whole under a private name, then linked: another broker starting at the same
+        // moment either links first (and we read its key) or reads ours, never half a file.
+        let tmp = dir.join(format!(".{KEY_FILE}.{}.tmp", std::process::id()));
+        let linked = (|| {
+            let mut f = private_file(&tmp)?;
+            f.write_all(&fresh)?;
+            f.sync_all()?;
+            std::fs::hard_link(&tmp, &path)
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                std::fs::File::open(&dir)?.sync_all()?;
+                Ok(Self::from_bytes(&fresh))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Ok(Self::from_bytes(&std::fs::read(&path)?))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn broker_key(&self, broker_id: i32) -> hmac::Key {
+        let derived = hmac::sign(&self.master, format!("kaas broker {broker_id}").as_bytes());
+        hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref())
+    }
+
+    /// Signs a status as its `broker_id`, stamping the send time.
+    pub fn sign_status(&self, status: &mut BrokerStatus) {
+        status.sent_at_unix_ms = now_unix_ms();
+        status.auth.clear();
+        let tag = hmac::sign(&self.broker_key(status.broker_id), &status.encode_to_vec());
+        status.auth = tag.as_ref().to_vec();
+    }
+
+    /// Checks a status's signature and send time.
+    pub fn verify_status(&self, status: &BrokerStatus) -> Result<(), AuthError> {
+        if status.auth.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        let mut unsigned = status.clone();
+        unsigned.auth.clear();
+        hmac::verify(
+            &self.broker_key(status.broker_id),
+            &unsigned.encode_to_vec(),
+            &status.auth,
+        )
+        .map_err(|_| AuthError::Bad(status.broker_id))?;
+        let skew = now_unix_ms().abs_diff(status.sent_at_unix_ms);
+        if skew > MAX_CLOCK_SKEW.as_millis() as u64 {
+            return Err(AuthError::Stale(Duration::from_millis(skew)));
+        }
+        Ok(())
+    }
+
+    /// Signs a controller message for `broker_id`.
+    pub fn sign_message(&self, message: &mut ControllerMessage, broker_id: i32) {
+        message.broker_id = broker_id;
+        message.auth.clear();
+        let tag = hmac::sign(&self.broker_key(broker_id), &message.encode_to_vec());
+        message.auth = tag.as_ref().to_vec();
+    }
+
+    /// Checks that a controller message is signed for `me`.
+    pub fn verify_message(&self, message: &ControllerMessage, me: i32) -> Result<(), AuthError> {
+        if message.auth.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        if message.broker_id != me {
+            return Err(AuthError::Bad(message.broker_id));
+        }
+        let mut unsigned = message.clone();
+        unsigned.auth.clear();
+        hmac::verify(
+            &self.broker_key(me),
+            &unsigned.encode_to_vec(),
+            &message.auth,
+        )
+        .map_err(|_| AuthError::Bad(me))
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn trim_ascii(bytes: &[u8]) -> &[u8] {
+    // A key pasted into a Secret often ends with a newline.
+    bytes.trim_ascii()
+}
+
+fn private_file(path: &PathBuf) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(id: i32) -> BrokerStatus {
+        BrokerStatus {
+            broker_id: id,
+            advertised_host: "kaas-1".into(),
+            advertised_port: 9092,
+            sequence: 7,
+            ..Default::default()
+        }
+    }
+
+    // Proves: a signed status verifies; changing any field, claiming another id, signing with
+    // another cluster key, leaving it unsigned or replaying it late is refused.
+    #[test]
+    fn statuses_are_bound_to_the_key_the_id_and_the_time() {
+        let key = ClusterKey::from_bytes(b"0123456789abcdef0123456789abcdef");
+        let mut s = status(1);
+        key.sign_status(&mut s);
+        assert_eq!(key.verify_status(&s), Ok(()));
+
+        let mut moved = s.clone();
+        moved.advertised_host = "203.0.113.7".into();
+        assert_eq!(key.verify_status(&moved), Err(AuthError::Bad(1)));
+        let mut other_id = s.clone();
+        other_id.broker_id = 2;
+        assert_eq!(key.verify_status(&other_id), Err(AuthError::Bad(2)));
+        let stranger = ClusterKey::from_bytes(b"another cluster's key, 32 bytes!");
+        let mut forged = status(1);
+        stranger.sign_status(&mut forged);
+        assert_eq!(key.verify_status(&forged), Err(AuthError::Bad(1)));
+        assert_eq!(key.verify_status(&status(1)), Err(AuthError::Missing));
+
+        // Re-signed with a send time an hour ago (as a replay would carry).
+        let mut late = status(1);
+        late.sent_at_unix_ms = now_unix_ms() - 3_600_000;
+        let tag = hmac::sign(&key.broker_key(1), &late.encode_to_vec());
+        late.auth = tag.as_ref().to_vec();
+        assert!(matches!(key.verify_status(&late), Err(AuthError::Stale(_))));
+    }
+
+    #[test]
+    fn controller_messages_are_for_one_broker() {
+        let key = ClusterKey::from_bytes(b"0123456789abcdef0123456789abcdef");
+        let mut m = ControllerMessage::default();
+        key.sign_message(&mut m, 3);
+        assert_eq!(key.verify_message(&m, 3), Ok(()));
+        assert_eq!(key.verify_message(&m, 4), Err(AuthError::Bad(3)));
+        let mut unsigned = m.clone();
+        unsigned.auth.clear();
+        assert_eq!(key.verify_message(&unsigned, 3), Err(AuthError::Missing));
+    }
+
+    #[test]
+    fn brokers_of_one_volume_share_one_generated_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ClusterKey::load(dir.path(), None).unwrap();
+        let b = ClusterKey::load(dir.path(), None).unwrap();
+        let mut s = status(0);
+        a.sign_status(&mut s);
+        assert_eq!(b.verify_status(&s), Ok(()));
+        let path = dir.path().join("__cluster").join(KEY_FILE);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"tiny\n").unwrap();
+        assert!(ClusterKey::load(dir.path(), Some(&short)).is_err());
+    }
+}
