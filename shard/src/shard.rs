@@ -222,6 +222,16 @@ impl Shard {
             // Cluster mode, and another broker leads it (or nobody, during a handover).
             return Err(StorageError::Closed);
         }
+        if !self.cluster.may_acknowledge() {
+            // Cluster mode with the write fence closed: this broker cannot know that its view
+            // of who leads what is current — it may even have "taken over" by a deposed
+            // controller's file — and another broker may be leading the partition. So it
+            // serves nothing, reads included: a stale leader answering Fetch or
+            // OffsetForLeaderEpoch from a log view without the real leader's records makes
+            // consumers see a truncation (librdkafka then resets or, with
+            // auto.offset.reset=error, stops). Clients retry on NOT_LEADER_OR_FOLLOWER.
+            return Err(StorageError::Closed);
+        }
         self.open_log(topic, partition, LeaderEpoch(0)).await
     }
 
