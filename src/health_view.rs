@@ -112,6 +112,8 @@ impl HealthView {
             "partitions_led": partitions,
             "shards": shards,
             "limits": {
+                "open_fds": fd_usage().0,
+                "fd_limit": fd_usage().1,
                 "connections_open": self.admission.open(),
                 "max_connections": self.admission.limits().connections,
                 "max_connections_per_ip": self.admission.limits().connections_per_ip,
@@ -243,7 +245,10 @@ impl HealthSource for HealthView {
                 counter.load(Ordering::Relaxed)
             );
         }
-        let admission_series: [(&str, &str, &str, u64); 5] = [
+        let (open_fds, fd_limit) = fd_usage();
+        let admission_series: [(&str, &str, &str, u64); 7] = [
+            ("kaas_open_fds", "gauge", "File descriptors the broker has open (connections, partition logs, io_uring, ...).", open_fds),
+            ("kaas_fd_limit", "gauge", "The broker's open-file limit (raised to the hard limit at start).", fd_limit),
             ("kaas_heartbeat_refused_total", "counter", "Heartbeat streams and messages refused for a missing or bad signature (cluster mode).", kaas_control::heartbeat::auth::REFUSED.load(Ordering::Relaxed)),
             (
                 "kaas_request_memory_bytes",
@@ -350,4 +355,20 @@ fn histogram<'a>(
         "{name}_bucket{{le=\"+Inf\"}} {cumulative}\n{name}_sum {}\n{name}_count {count}",
         sum_us as f64 / 1e6
     );
+}
+
+/// (open file descriptors, the soft open-file limit) of this process.
+fn fd_usage() -> (u64, u64) {
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass and nothing else.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        0
+    };
+    (open, limit)
 }

@@ -257,6 +257,8 @@ def test_out_of_file_descriptors_backs_off_and_recovers(broker_factory, tmp_path
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
     b = broker_factory(preexec_fn=limit)
+    assert metric(b, "kaas_fd_limit") == 256
+    assert 0 < metric(b, "kaas_open_fds") < 256
     socks = []
     for _ in range(400):
         try:
