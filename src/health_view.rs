@@ -85,6 +85,7 @@ impl HealthView {
         let all_alive = alive.iter().all(|a| *a);
         let snapshot = self.catalog.snapshot();
         let partitions: i64 = snapshot.topics.values().map(|t| t.partitions as i64).sum();
+        let (open_fds, fd_limit) = fd_usage();
         let shards: Vec<_> = self
             .probes
             .iter()
@@ -112,8 +113,8 @@ impl HealthView {
             "partitions_led": partitions,
             "shards": shards,
             "limits": {
-                "open_fds": fd_usage().0,
-                "fd_limit": fd_usage().1,
+                "open_fds": open_fds,
+                "fd_limit": fd_limit,
                 "connections_open": self.admission.open(),
                 "max_connections": self.admission.limits().connections,
                 "max_connections_per_ip": self.admission.limits().connections_per_ip,

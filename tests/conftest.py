@@ -16,6 +16,7 @@ The `broker` fixture is module-scoped: each test module gets a fresh broker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -58,6 +59,31 @@ def kaas_bin() -> Path:
         return Path(os.environ["KAAS_BIN"])
     target = os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/kaas-target")
     return Path(target) / "release" / "kaas"
+
+
+def report(line: str) -> None:
+    """Prints a measured figure, and appends it to $KAAS_THROUGHPUT_FILE (scripts/test.sh shows
+    that file at the end of the run)."""
+    print(line)
+    path = os.environ.get("KAAS_THROUGHPUT_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+@contextlib.contextmanager
+def temporary_env(env: dict[str, str]):
+    """Sets `env` in os.environ (which brokers started meanwhile inherit), then restores it."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class BrokerError(RuntimeError):

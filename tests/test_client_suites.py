@@ -14,16 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
 
 import franz_go  # noqa: E402
+from conftest import report  # noqa: E402
 
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
-
-
-def report(line: str) -> None:
-    print(line)
-    path = os.environ.get("KAAS_THROUGHPUT_FILE")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 @pytest.mark.suite

@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 import kwire
-from conftest import make_broker
+from conftest import make_broker, temporary_env
 from kcheck import create_topic, rdkafka_produce, unique_topic
 
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
@@ -50,20 +50,12 @@ CONSUMER_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCom
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     """This module's broker: fresh, with the short KIP-848 timeouts of GROUP_ENV."""
-    saved = {k: os.environ.get(k) for k in GROUP_ENV}
-    os.environ.update(GROUP_ENV)
-    try:
+    with temporary_env(GROUP_ENV):
         b = make_broker(tmp_path_factory.mktemp("broker"))
         try:
             yield b
         finally:
             b.close()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def values(tag: str, n: int, start: int = 0):

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
 
 import kafka_python  # noqa: E402
-from conftest import make_broker  # noqa: E402
+from conftest import make_broker, report, temporary_env  # noqa: E402
 
 # The group settings of kafka-python's own test brokers (its servers/resources/*/
 # kafka.properties): test_group asks for session_timeout_ms=3000, below Kafka's default
@@ -32,27 +32,11 @@ SUITE_BROKER_ENV = {
 }
 
 
-def report(line: str) -> None:
-    print(line)
-    path = os.environ.get("KAAS_THROUGHPUT_FILE")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     """tests/conftest.py's broker, started with SUITE_BROKER_ENV."""
-    saved = {k: os.environ.get(k) for k in SUITE_BROKER_ENV}
-    os.environ.update(SUITE_BROKER_ENV)
-    try:
+    with temporary_env(SUITE_BROKER_ENV):
         b = make_broker(tmp_path_factory.mktemp("broker"))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         yield b
     finally:

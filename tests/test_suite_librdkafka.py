@@ -22,20 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
 
 import franz_go  # noqa: E402
 import librdkafka  # noqa: E402
-from conftest import Broker, broker_kind  # noqa: E402
+from conftest import Broker, broker_kind, report  # noqa: E402
 
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
 # One test-runner process per test number gets this long (a LONG one 900 s: 0113@full takes
 # about 520); the runner's own per-test timeouts (30 s and up, x2.7) end most failures sooner.
 CAP_S = 300
-
-
-def report(line: str) -> None:
-    print(line)
-    path = os.environ.get("KAAS_THROUGHPUT_FILE")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 class ScenarioBroker(Broker):

@@ -36,13 +36,6 @@ use crate::chain::{AppendError, Chain};
 
 /// Directory under the shared volume that holds cluster-wide files.
 pub const CLUSTER_DIR: &str = "__cluster";
-/// File name of the published assignment inside [`CLUSTER_DIR`].
-pub const ASSIGNMENT_FILE: &str = "assignment.json";
-
-/// `<shared>/__cluster/assignment.json`.
-pub fn assignment_path(shared_dir: &Path) -> PathBuf {
-    shared_dir.join(CLUSTER_DIR).join(ASSIGNMENT_FILE)
-}
 
 /// A registered broker's health as the controller last judged it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
