@@ -8,6 +8,7 @@
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
 #   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver, franz-go's kgo test binary
+#   C:      librdkafka's test-runner (its tests/ suite), built from the rdkafka-sys crate's source
 #
 # Environment: KAAS_SKIP_APT=1 skips apt-get (e.g. when not root).
 set -euo pipefail
@@ -30,6 +31,10 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v curl >/dev/null || need+=(curl ca-certificates)
 command -v cc >/dev/null || need+=(build-essential pkg-config)
+# librdkafka's test suite is built from source (tests/suites/librdkafka.py)
+command -v c++ >/dev/null || need+=(g++)
+installed libssl-dev || need+=(libssl-dev)
+installed zlib1g-dev || need+=(zlib1g-dev)
 
 if [[ ${#need[@]} -gt 0 && "${KAAS_SKIP_APT:-0}" != 1 ]]; then
     log "apt-get install ${need[*]}"
@@ -92,4 +97,7 @@ python3 "$repo/tests/suites/franz_go.py"
 # kafka-python's own integration suite (tests/test_suite_kafka_python.py): its PyPI sdist,
 # extracted into ~/.cache/kaas/suites with its codec libraries beside it.
 python3 "$repo/tests/suites/kafka_python.py"
+# librdkafka's own test suite (tests/test_suite_librdkafka.py): the source vendored in the
+# rdkafka-sys crate, built once into ~/.cache/kaas/suites (~4 min the first time).
+python3 "$repo/tests/suites/librdkafka.py"
 log "done"

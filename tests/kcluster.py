@@ -61,7 +61,8 @@ class Node:
             "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
             *(["--auto-create-topics", "true", "--num-partitions", str(self.cluster.auto_create)]
               if self.cluster.auto_create else ["--auto-create-topics", "false"]),
-            "--log", "info", *self.cluster.extra_args,
+            # KAAS_TEST_BROKER_LOG: a debug filter for a run that needs one.
+            "--log", os.environ.get("KAAS_TEST_BROKER_LOG", "info"), *self.cluster.extra_args,
         ]
 
     def start(self) -> None:

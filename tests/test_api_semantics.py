@@ -168,6 +168,41 @@ def test_describe_cluster_and_topic_ids(broker):
     state["ids"] = (topic, str(d1.topic_id))
 
 
+def test_authorized_operations_as_kafka_without_an_authorizer(broker):
+    """Asked for, the authorized operations are what Kafka grants every client when it has no
+    authorizer: every operation the resource type supports (librdkafka's 0081 compares them).
+    Not asked for, they are absent."""
+    from confluent_kafka import Consumer
+    a = admin(broker.bootstrap)
+    cl = a.describe_cluster(request_timeout=10, include_authorized_operations=True).result(15)
+    assert sorted(op.name for op in cl.authorized_operations) == sorted(
+        ["CREATE", "ALTER", "DESCRIBE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS",
+         "IDEMPOTENT_WRITE"]), cl.authorized_operations
+    assert not a.describe_cluster(request_timeout=10).result(15).authorized_operations
+    topic = unique_topic("ops")
+    create_topic(broker.bootstrap, topic, 1)
+    d = a.describe_topics(TopicCollection([topic]), request_timeout=10,
+                          include_authorized_operations=True)[topic].result(15)
+    assert sorted(op.name for op in d.authorized_operations) == sorted(
+        ["READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "DESCRIBE_CONFIGS",
+         "ALTER_CONFIGS"]), d.authorized_operations
+    group = unique_topic("opsgroup")
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        c.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not c.assignment() and time.monotonic() < deadline:
+            c.poll(0.2)
+        assert c.assignment(), "the consumer joined its group"
+        desc = a.describe_consumer_groups([group], request_timeout=10,
+                                          include_authorized_operations=True)[group].result(15)
+        assert sorted(op.name for op in desc.authorized_operations) == ["DELETE", "DESCRIBE", "READ"], (
+            desc.authorized_operations)
+    finally:
+        c.close()
+
+
 def test_create_topics_validate_only_and_configs(broker):
     """CreateTopics with validate_only creates nothing; a topic created with configs reports
     them through DescribeConfigs."""

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
@@ -61,6 +61,20 @@ def file_leaders(a: dict, topic: str) -> dict[int, int]:
     return {p["partition"]: p["leader"] for p in a["partitions"] if p["topic"] == topic}
 
 
+def producer_debug(tag: str) -> dict:
+    contexts = os.environ.get("KAAS_PRODUCER_DEBUG")
+    if not contexts:
+        return {}
+    import logging
+    log = logging.getLogger(f"rdkafka-{tag}")
+    handler = logging.FileHandler(os.environ.get("KAAS_PRODUCER_DEBUG_FILE", f"/tmp/rdkafka-{tag}.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    return {"debug": contexts, "logger": log}
+
+
 class Load:
     """An idempotent acks=all producer writing continuously from a thread, round-robin over the
     partitions. Values are `<tag>-<partition>-<per-partition sequence>`, so the consumer can
@@ -75,6 +89,9 @@ class Load:
             "request.timeout.ms": 10_000, "retry.backoff.ms": 100, "linger.ms": 5,
             "topic.metadata.refresh.interval.ms": 2000, "log.connection.close": False,
             "error_cb": self._on_error,
+            # KAAS_PRODUCER_DEBUG=eos,msg (for example) writes librdkafka's debug log to
+            # $KAAS_PRODUCER_DEBUG_FILE: what a fault run needs to tell why the producer did what.
+            **producer_debug(tag),
         })
         self.acked: dict[tuple[int, int], bytes] = {}
         # librdkafka's "implicit acks": a request that timed out (or whose connection broke)
@@ -248,6 +265,76 @@ class Tail:
                 f"partition {p}: the tailing consumer's offsets are not contiguous from {low}"
                 f" (first gap after {next((a for a, b in zip(offsets, offsets[1:]) if b != a + 1), None)})")
         return sum(map(len, self.read.values()))
+
+
+@logs_on_failure
+def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
+    """Partitions handed over in order (a drain, then the rebalance back) while a producer
+    without retries writes acks=all: a write the old leader stored before it let go is
+    acknowledged, and one refused with NOT_LEADER_OR_FOLLOWER is not in the log. librdkafka
+    reads that error as "not persisted"; refusing stored writes let an idempotent producer's
+    epoch bump send them again, stored twice (the controller-pause fault run)."""
+    c = make_cluster(3)
+    create_topic(c.bootstrap(), "orderly", 12)
+    c.wait_settled(12, balanced=True)
+    acked: dict[bytes, tuple[int, int]] = {}
+    refused: list[tuple[int, bytes]] = []
+    other: Counter = Counter()
+    stop = threading.Event()
+
+    def on_delivery(err, msg):
+        if err is None:
+            acked[msg.value()] = (msg.partition(), msg.offset())
+        elif err.code() == KafkaError.NOT_LEADER_FOR_PARTITION:
+            refused.append((msg.partition(), msg.value()))
+        else:
+            other[err.name()] += 1
+
+    def produce():
+        pr = Producer({"bootstrap.servers": c.bootstrap(), "acks": "all", "enable.idempotence": False,
+                       "retries": 0, "linger.ms": 1, "topic.metadata.refresh.interval.ms": 1000,
+                       "max.in.flight.requests.per.connection": 1, **producer_debug("orderly")})
+        n = 0
+        while not stop.is_set():
+            try:
+                pr.produce("orderly", value=f"o-{n:09d}".encode(), partition=n % 12, on_delivery=on_delivery)
+                n += 1
+            except BufferError:
+                pass
+            pr.poll(0 if n % 50 else 0.001)
+        pr.flush(60)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    try:
+        for cycle in range(3):
+            ctl = c.wait_controller()
+            victim = next(n for n in c.nodes if n is not ctl and n.running())
+            time.sleep(1.0)
+            victim.signal(signal.SIGTERM)
+            assert victim.proc.wait(DRAIN_TIMEOUT_MS / 1000 + 15) == 0
+            c.wait_settled(12, timeout=30)
+            victim.start()
+            c.wait_all_ready()
+            c.wait_settled(12, balanced=True)
+    finally:
+        stop.set()
+        t.join(90)
+    stored = read_all(c.bootstrap(), "orderly", 12)
+    where = {v: (p, off) for p, (_, recs) in stored.items() for off, v in recs}
+    lost = [(v, at) for v, at in acked.items() if where.get(v) != at]
+    assert not lost, f"{len(lost)} acknowledged writes missing or moved: {lost[:5]}"
+    # librdkafka retries NOT_LEADER_OR_FOLLOWER even with retries=0 (it means "not written"),
+    # so a stored write refused with it comes back as a second copy.
+    counts = Counter(v for _, (_, recs) in stored.items() for _, v in recs)
+    twice = [(v, n) for v, n in counts.items() if n > 1]
+    kept = [(p, v, where[v]) for p, v in refused if v in where]
+    print(f"\norderly handovers: {len(acked)} acknowledged, {len(refused)} refused as not leader,"
+          f" {len(twice)} stored twice, other errors {dict(other)}")
+    assert not twice, f"{len(twice)} values stored more than once, e.g. {twice[:5]}"
+    assert not kept, (f"{len(kept)} writes refused with NOT_LEADER_OR_FOLLOWER are stored anyway"
+                      f" (partition, value, stored at): {kept[:5]}")
+    assert len(acked) > 1000
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, timeout_s: float = 120.0):

@@ -101,6 +101,10 @@ pub struct ClusterView {
     state: ArcSwap<ClusterState>,
     /// The write fence: nanoseconds after `base` until which writes may be acknowledged.
     fence_until_ns: AtomicU64,
+    /// How many times the fence reopened after it had closed: a write may be acknowledged only
+    /// if this did not change between the check before the write and the acknowledgement (see
+    /// [`ClusterView::fence_term`]).
+    fence_lapses: AtomicU64,
     base: Instant,
     /// SIGTERM received: the broker is draining.
     draining: AtomicBool,
@@ -118,6 +122,7 @@ impl ClusterView {
             advertised: (host, port),
             state: ArcSwap::from_pointee(ClusterState::default()),
             fence_until_ns: AtomicU64::new(u64::MAX),
+            fence_lapses: AtomicU64::new(0),
             base: Instant::now(),
             draining: AtomicBool::new(false),
             lease_holder: std::sync::atomic::AtomicI32::new(-1),
@@ -254,11 +259,34 @@ impl ClusterView {
         until == u64::MAX || self.nanos(Instant::now()) < until
     }
 
+    /// The fence's current term when it is open: a write checked under term `t` may be
+    /// acknowledged later only if [`Self::fence_held_since`]`(t)`, i.e. the fence stayed open
+    /// the whole time. Open now is not enough: a fence that closed in between let the
+    /// controller hand the partitions away by time, and an acknowledgement of a later status
+    /// may have reopened it since.
+    pub fn fence_term(&self) -> Option<u64> {
+        let term = self.fence_lapses.load(Ordering::SeqCst);
+        self.may_acknowledge().then_some(term)
+    }
+
+    /// Whether the fence is open now and has not closed since [`Self::fence_term`] returned
+    /// `term`.
+    pub fn fence_held_since(&self, term: u64) -> bool {
+        // The fence first, then the term: `extend_fence` counts a lapse before it reopens, so
+        // an open fence seen here comes with the count of the lapse that preceded it.
+        self.may_acknowledge() && self.fence_lapses.load(Ordering::SeqCst) == term
+    }
+
     /// Opens the fence until `until` (never moves it back: acknowledgements can arrive out of
-    /// order).
+    /// order). Called from the control thread only.
     pub fn extend_fence(&self, until: Instant) {
-        self.fence_until_ns
-            .fetch_max(self.nanos(until), Ordering::AcqRel);
+        let until = self.nanos(until);
+        let prev = self.fence_until_ns.load(Ordering::SeqCst);
+        if prev != u64::MAX && prev <= self.nanos(Instant::now()) && until > prev {
+            // Closed until now: this reopens it.
+            self.fence_lapses.fetch_add(1, Ordering::SeqCst);
+        }
+        self.fence_until_ns.fetch_max(until, Ordering::SeqCst);
     }
 
     /// How long the fence stays open from now (zero when closed); for /healthz.
@@ -290,6 +318,39 @@ mod tests {
     use super::*;
     use kaas_control::assignment::BrokerEntry;
     use kaas_control::balancer::{BrokerId, TopicPartition};
+
+    // A write checked under one term is acknowledged only if the fence stayed open: a fence
+    // that closed and was reopened by a later acknowledgement does not count (a controller may
+    // have handed the partitions away in between).
+    #[test]
+    fn a_fence_that_closed_in_between_does_not_hold() {
+        let view = ClusterView::cluster(1, "h".into(), 2);
+        assert_eq!(
+            view.fence_term(),
+            None,
+            "closed before the first acknowledgement"
+        );
+        view.extend_fence(Instant::now() + Duration::from_millis(30));
+        let term = view.fence_term().expect("open");
+        view.extend_fence(Instant::now() + Duration::from_millis(40));
+        assert!(
+            view.fence_held_since(term),
+            "extended while open: still the same term"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!view.fence_held_since(term), "closed");
+        view.extend_fence(Instant::now() + Duration::from_secs(5));
+        assert!(view.may_acknowledge(), "reopened");
+        assert!(
+            !view.fence_held_since(term),
+            "but not held since the write was checked"
+        );
+        let later = view.fence_term().expect("open");
+        assert!(view.fence_held_since(later));
+        let single = ClusterView::single(0, "h".into(), 1);
+        let t = single.fence_term().expect("single node: always open");
+        assert!(single.fence_held_since(t));
+    }
 
     // Single-node mode leads everything and never fences; cluster mode starts fenced and
     // leading nothing, then follows the published assignment.

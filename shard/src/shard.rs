@@ -54,7 +54,16 @@ pub struct Shard {
     /// [`Shard::take_over`] adds and [`Shard::relinquish`] removes; every partition request
     /// checks it ([`Shard::partition`]).
     serving: RefCell<HashMap<String, std::collections::HashSet<i32>>>,
+    /// Logs being closed, by generation, and what the last closes kept (generation, end
+    /// offset saved): an acks=all write answered after its partition was handed over is
+    /// acknowledged if the close kept it (see [`Shard::kept_on_handover`]).
+    closing: RefCell<HashMap<u64, Rc<PartitionLog>>>,
+    retired: RefCell<std::collections::VecDeque<(u64, Option<i64>)>>,
 }
+
+/// How many closed logs' outcomes [`Shard::kept_on_handover`] remembers. A write's answer
+/// follows its close within a sync; a thousand handovers on one shard in between is plenty.
+const RETIRED_LOGS: usize = 1024;
 
 impl Shard {
     pub fn new(
@@ -85,7 +94,31 @@ impl Shard {
             cluster,
             admission,
             serving: RefCell::new(HashMap::new()),
+            closing: RefCell::new(HashMap::new()),
+            retired: RefCell::new(std::collections::VecDeque::new()),
         }
+    }
+
+    /// Whether the log with `generation` — closed since the write, or being closed — kept
+    /// every offset below `end_offset` for the next leader: its close synced and saved them
+    /// before the partition could be handed on (see `PartitionLog::kept_by_close`).
+    pub async fn kept_on_handover(&self, generation: u64, end_offset: i64) -> bool {
+        let open = self
+            .partitions
+            .borrow()
+            .values()
+            .filter_map(|s| s.log.borrow().clone())
+            .find(|l| l.generation() == generation);
+        let closing = open.or_else(|| self.closing.borrow().get(&generation).cloned());
+        if let Some(log) = closing {
+            return log.kept_by_close(end_offset).await;
+        }
+        self.retired
+            .borrow()
+            .iter()
+            .rev()
+            .find(|(g, _)| *g == generation)
+            .is_some_and(|(_, end)| end.is_some_and(|e| end_offset <= e))
     }
 
     /// Whether this shard serves `topic`/`partition` now: always in single-node mode; in
@@ -117,9 +150,19 @@ impl Shard {
         self.close_partition(topic.id, partition).await;
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let stored = kaas_storage::stored_leader_epoch(&dir).map_err(|e| e.to_string())?;
-        self.open_log(&topic, partition, LeaderEpoch(stored.saturating_add(1)))
+        let log = self
+            .open_log(&topic, partition, LeaderEpoch(stored.saturating_add(1)))
             .await
             .map_err(|e| e.to_string())?;
+        tracing::debug!(
+            shard = self.id,
+            topic = topic_name,
+            partition,
+            epoch = log.leader_epoch().0,
+            log_end_offset = log.log_end_offset(),
+            generation = log.generation(),
+            "took over"
+        );
         self.serving
             .borrow_mut()
             .entry(topic_name.to_string())
@@ -185,7 +228,20 @@ impl Shard {
         let Some(slot) = slot else { return };
         let log = slot.log.borrow_mut().take();
         if let Some(log) = log {
-            if let Err(e) = log.close().await {
+            self.closing
+                .borrow_mut()
+                .insert(log.generation(), log.clone());
+            let closed = log.close().await;
+            tracing::debug!(shard = self.id, dir = %log.dir().display(), epoch = log.leader_epoch().0, generation = log.generation(), closed_end = ?log.closed_end(), "closed");
+            self.closing.borrow_mut().remove(&log.generation());
+            {
+                let mut retired = self.retired.borrow_mut();
+                retired.push_back((log.generation(), log.closed_end()));
+                if retired.len() > RETIRED_LOGS {
+                    retired.pop_front();
+                }
+            }
+            if let Err(e) = closed {
                 if log.dir().exists() {
                     tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition failed; the next open recovers it from its log");
                 } else {

@@ -88,6 +88,25 @@ pub fn all_records_keyed(batch: &[u8], scratch: &mut Vec<u8>) -> Option<bool> {
     Some(records.iter().all(|r| r.key.is_some()))
 }
 
+/// The positions (within the batch) of the records of a data batch that have no key; `None`
+/// if the batch cannot be decoded. For a compacted topic's produce check, whose error names
+/// them (Kafka's `record_errors`).
+pub fn keyless_records(batch: &[u8], scratch: &mut Vec<u8>) -> Option<Vec<i32>> {
+    let header = kaas_wire::batch::peek_header(batch).ok()?;
+    if header.is_control() {
+        return Some(Vec::new());
+    }
+    let records = compaction::records_in(batch, scratch)?;
+    Some(
+        records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.key.is_none())
+            .map(|(i, _)| i as i32)
+            .collect(),
+    )
+}
+
 /// (offset, key as UTF-8) of each record of a data batch (decompressed if it is compressed),
 /// for tests and tools.
 pub fn compaction_records(batch: &[u8]) -> Option<Vec<(i64, String)>> {

@@ -193,6 +193,22 @@ pub struct PartitionLog {
     cleaner_checkpoint: Cell<i64>,
     /// See [`PartitionLog::generation`].
     generation: u64,
+    /// Set by a [`PartitionLog::close`] that synced and saved this log's state for the next
+    /// leader: its end offset then. See [`PartitionLog::kept_by_close`].
+    closed_end: Cell<Option<i64>>,
+    /// [`PartitionLog::close`] has begun; `close_finished` is closed when it returns (a
+    /// semaphore that never has permits: waiting on it ends when it is closed).
+    close_started: Cell<bool>,
+    close_finished: Semaphore,
+}
+
+/// Marks a [`PartitionLog::close`] finished however it ends (returned, failed or dropped).
+struct CloseFinished<'a>(&'a Semaphore);
+
+impl Drop for CloseFinished<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// Source of [`PartitionLog::generation`].
@@ -386,6 +402,9 @@ impl PartitionLog {
             closed: Cell::new(false),
             cleaner_checkpoint: Cell::new(cleaner_checkpoint),
             generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            closed_end: Cell::new(None),
+            close_started: Cell::new(false),
+            close_finished: Semaphore::new(0),
         }))
     }
 
@@ -1619,6 +1638,10 @@ impl PartitionLog {
 
     /// Flushes and records a clean shutdown. Later appends fail with [`StorageError::Closed`].
     pub async fn close(&self) -> Result<(), StorageError> {
+        // Set before the first await: a caller that stopped serving the partition and then
+        // called this has made `kept_by_close` wait for the outcome.
+        self.close_started.set(true);
+        let _finished = CloseFinished(&self.close_finished);
         let _permit = self
             .write_lock
             .acquire_permit(1)
@@ -1668,9 +1691,33 @@ impl PartitionLog {
             }
         };
         self.store_snapshot(&snapshot)?;
+        self.closed_end.set(Some(snapshot.offset));
         // No manifest write: nothing in it changed, and a clean shutdown is recognised by the
         // active segment's saved index (deleted again on every open).
         Ok(())
+    }
+
+    /// Whether every offset below `end_offset` is in the state a finished [`Self::close`]
+    /// synced and saved for the next leader (waits for a close in progress). A write that
+    /// completed before its partition was handed over in order is then kept by the next
+    /// leader, so it may still be acknowledged (cluster mode, with the fence held throughout;
+    /// see `shard::handlers::produce`). Refusing it instead told librdkafka the write was
+    /// not persisted, and an epoch bump then sent the records again under new sequence
+    /// numbers: stored twice.
+    pub async fn kept_by_close(&self, end_offset: i64) -> bool {
+        if !self.close_started.get() {
+            return false;
+        }
+        // Ends (with an error) once the close has finished and closed the semaphore. Not the
+        // write lock: glommio's semaphore lets a new caller take a released permit before
+        // the waiter it woke, so a close queued for it could still come second.
+        let _ = self.close_finished.acquire_permit(1).await;
+        self.closed_end.get().is_some_and(|end| end_offset <= end)
+    }
+
+    /// The end offset a finished [`Self::close`] saved, if it did (no waiting).
+    pub fn closed_end(&self) -> Option<i64> {
+        self.closed_end.get()
     }
 
     /// Stops this handle from touching its directory again, without syncing or saving

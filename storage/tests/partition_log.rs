@@ -658,3 +658,41 @@ fn consumers_read_below_the_high_watermark() {
         log.close().await.unwrap();
     });
 }
+
+// A write that completed before its partition was closed is kept by the close (synced, in the
+// saved state), and a caller asking while the close runs waits for its outcome — even when it
+// asks before the close has taken the write lock. A log nobody closes keeps nothing this way.
+#[test]
+fn a_close_reports_what_it_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        let out = append(&log, &batch(BatchSpec::default(), &[b"a", b"b"])).await;
+        assert!(!log.kept_by_close(out.end_offset()).await, "not closing");
+        // Hold the write lock with an append in flight so the close queues behind it, then ask.
+        let writer = {
+            let log = log.clone();
+            glommio::spawn_local(async move {
+                append(&log, &batch(BatchSpec::default(), &[b"c"])).await
+            })
+        };
+        let closer = {
+            let log = log.clone();
+            glommio::spawn_local(async move { log.close().await.unwrap() })
+        };
+        glommio::yield_if_needed().await;
+        let second = writer.await;
+        assert!(log.kept_by_close(second.end_offset()).await);
+        closer.await;
+        assert_eq!(log.closed_end(), Some(3));
+        assert!(!log.kept_by_close(4).await, "past what the close saved");
+        drop(log);
+        let reopened = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        assert_eq!(reopened.log_end_offset(), 3);
+    });
+}

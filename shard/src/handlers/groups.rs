@@ -58,8 +58,7 @@ use crate::groups::{classic::ClassicGroup, owner_shard, GroupError};
 use crate::mesh::on_shard;
 use crate::shard::Shard;
 
-/// "Authorized operations not requested", as Kafka encodes it.
-const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+use super::authorized;
 
 /// What DescribeGroups reports as a member's host: the connection's peer address is not
 /// visible to handlers yet.
@@ -1142,10 +1141,20 @@ pub async fn describe_groups(
         lost,
     )
     .await;
+    let ops = authorized::operations(
+        version >= 3 && req.include_authorized_operations,
+        authorized::GROUP,
+    );
     let groups = ids
         .into_iter()
         .zip(answers)
-        .map(|(gid, a)| described_group(&gid, a, version))
+        .map(|(gid, a)| {
+            let mut g = described_group(&gid, a, version);
+            if version >= 3 && g.error_code == errors::NONE {
+                g.authorized_operations = ops;
+            }
+            g
+        })
         .collect();
     DescribeGroupsResponse::default().with_groups(groups)
 }
@@ -1430,7 +1439,7 @@ fn describe_consumer(
             &c.assignor_name
         }))
         .with_members(members)
-        .with_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_authorized_operations(authorized::OMITTED)
 }
 
 pub async fn consumer_group_describe(
@@ -1461,7 +1470,10 @@ pub async fn consumer_group_describe(
         .into_iter()
         .zip(answers)
         .map(|(gid, a)| match (a.group, a.error) {
-            (Some(g), _) => g,
+            (Some(g), _) => g.with_authorized_operations(authorized::operations(
+                req.include_authorized_operations,
+                authorized::GROUP,
+            )),
             (None, e) => {
                 let e = e.unwrap_or_else(unavailable);
                 cgd::DescribedGroup::default()

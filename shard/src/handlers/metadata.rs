@@ -23,8 +23,8 @@ use crate::catalog::{validate_topic_name, TopicMeta};
 use crate::errors;
 use crate::shard::Shard;
 
-/// "Authorized operations not requested", as Kafka encodes it.
-const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+use super::authorized;
+const AUTHORIZED_OPERATIONS_OMITTED: i32 = authorized::OMITTED;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -87,12 +87,20 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
             }
         }
     }
+    if version >= 8 && req.include_topic_authorized_operations {
+        for t in topics.iter_mut().filter(|t| t.error_code == errors::NONE) {
+            t.topic_authorized_operations = authorized::TOPIC;
+        }
+    }
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(s(shard.catalog.cluster_id())))
         .with_controller_id(BrokerId(shard.cluster.controller()))
         .with_topics(topics)
-        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_cluster_authorized_operations(authorized::operations(
+            (8..=10).contains(&version) && req.include_cluster_authorized_operations,
+            authorized::CLUSTER,
+        ))
 }
 
 fn error_topic(name: &str, code: i16) -> MetadataResponseTopic {
@@ -171,7 +179,10 @@ pub fn describe_cluster(shard: &Rc<Shard>, req: DescribeClusterRequest) -> Descr
         .with_cluster_id(s(shard.catalog.cluster_id()))
         .with_controller_id(BrokerId(shard.cluster.controller()))
         .with_brokers(brokers)
-        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_cluster_authorized_operations(authorized::operations(
+            req.include_cluster_authorized_operations,
+            authorized::CLUSTER,
+        ))
 }
 
 pub fn describe_topic_partitions(
@@ -252,7 +263,8 @@ pub fn describe_topic_partitions(
                 .with_name(Some(topic_name(&name)))
                 .with_topic_id(t.id)
                 .with_partitions(partitions)
-                .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
+                // The request has no flag: Kafka always fills it in.
+                .with_topic_authorized_operations(authorized::TOPIC),
         );
         if next_cursor.is_some() {
             break;

@@ -19,6 +19,37 @@ use kaas_wire::fetch_frame::{encode_fetch_response, ResponseFrame};
 use kaas_wire::kafka_protocol::messages::{RequestKind, ResponseKind};
 use kaas_wire::versions;
 
+/// The `authorized_operations` fields (Metadata, DescribeCluster, DescribeTopicPartitions,
+/// DescribeGroups, ConsumerGroupDescribe). kaas has no authorizer, and Kafka without one grants
+/// every operation a resource type supports, so that is what a client asking gets: bit `n` set
+/// for AclOperation code `n` (READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7, DESCRIBE 8,
+/// CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12), the sets of
+/// Kafka's `AclEntry.supportedOperations`. Not asked for: i32::MIN, as Kafka encodes it.
+pub(crate) mod authorized {
+    const fn bits(ops: &[u8]) -> i32 {
+        let mut v = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            v |= 1 << ops[i];
+            i += 1;
+        }
+        v
+    }
+    pub const OMITTED: i32 = i32::MIN;
+    pub const TOPIC: i32 = bits(&[3, 4, 5, 6, 7, 8, 10, 11]);
+    pub const CLUSTER: i32 = bits(&[5, 7, 8, 9, 10, 11, 12]);
+    pub const GROUP: i32 = bits(&[3, 6, 8]);
+
+    /// `all` if the request asked for the operations, else [`OMITTED`].
+    pub fn operations(asked: bool, all: i32) -> i32 {
+        if asked {
+            all
+        } else {
+            OMITTED
+        }
+    }
+}
+
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::mesh::on_shard;
@@ -67,7 +98,9 @@ pub async fn handle(
         RequestKind::DescribeTopicPartitions(r) => {
             ResponseKind::DescribeTopicPartitions(metadata::describe_topic_partitions(shard, r))
         }
-        RequestKind::Produce(r) => ResponseKind::Produce(produce::produce(shard, r, gate).await?),
+        RequestKind::Produce(r) => {
+            ResponseKind::Produce(produce::produce(shard, r, version, gate).await?)
+        }
         RequestKind::Fetch(r) => {
             // Framed by hand so record bytes go to the socket without being copied.
             let out = fetch::fetch(shard, r, version).await;

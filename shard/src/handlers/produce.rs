@@ -8,7 +8,7 @@ use bytes::Bytes;
 use kaas_storage::AppendOutcome;
 use kaas_wire::batch::verify_produced_record_set;
 use kaas_wire::kafka_protocol::messages::produce_response::{
-    PartitionProduceResponse, TopicProduceResponse,
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
 use kaas_wire::kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 
@@ -27,11 +27,12 @@ enum Appended {
     /// Answered (acks=0/1, a refusal, or an error).
     Done(PartResult),
     /// acks=all: written, to be acknowledged once durable. `log` identifies the log (its
-    /// leadership term) the write went to.
+    /// leadership term) the write went to, `term` the write fence's term it was checked under.
     Pending {
         result: PartResult,
         end_offset: i64,
         log: u64,
+        term: u64,
     },
 }
 
@@ -41,6 +42,9 @@ struct PartResult {
     base_offset: i64,
     log_start_offset: i64,
     log_append_time_ms: i64,
+    /// Positions of the records that caused `error_code` (v8+; INVALID_RECORD).
+    record_errors: Vec<i32>,
+    error_message: Option<String>,
 }
 
 impl PartResult {
@@ -50,6 +54,8 @@ impl PartResult {
             base_offset: -1,
             log_start_offset: -1,
             log_append_time_ms: -1,
+            record_errors: Vec::new(),
+            error_message: None,
         }
     }
 }
@@ -61,6 +67,7 @@ impl PartResult {
 pub async fn produce(
     shard: &Rc<Shard>,
     req: ProduceRequest,
+    version: i16,
     mut gate: EffectGate,
 ) -> Option<ProduceResponse> {
     let acks = req.acks;
@@ -78,6 +85,7 @@ pub async fn produce(
                                 part_response(
                                     p.index,
                                     &PartResult::error(errors::INVALID_REQUIRED_ACKS),
+                                    version,
                                 )
                             })
                             .collect(),
@@ -134,10 +142,14 @@ pub async fn produce(
             result,
             end_offset,
             log,
+            term,
         } = a
         {
             wait_index.push(i);
-            waits.push((owner, (meta, partition, result.clone(), *end_offset, *log)));
+            waits.push((
+                owner,
+                (meta, partition, result.clone(), *end_offset, (*log, *term)),
+            ));
         }
     }
     let durable = per_partition(
@@ -173,18 +185,36 @@ pub async fn produce(
         let r = r.unwrap_or_else(|| PartResult::error(errors::NOT_LEADER_OR_FOLLOWER));
         responses[ti]
             .partition_responses
-            .push(part_response(partition, &r));
+            .push(part_response(partition, &r, version));
     }
     Some(ProduceResponse::default().with_responses(responses))
 }
 
-fn part_response(index: i32, r: &PartResult) -> PartitionProduceResponse {
-    PartitionProduceResponse::default()
+fn part_response(index: i32, r: &PartResult, version: i16) -> PartitionProduceResponse {
+    let resp = PartitionProduceResponse::default()
         .with_index(index)
         .with_error_code(r.error_code)
         .with_base_offset(r.base_offset)
         .with_log_append_time_ms(r.log_append_time_ms)
-        .with_log_start_offset(r.log_start_offset)
+        .with_log_start_offset(r.log_start_offset);
+    if version < 8 {
+        return resp;
+    }
+    resp.with_record_errors(
+        r.record_errors
+            .iter()
+            .map(|&i| {
+                BatchIndexAndErrorMessage::default()
+                    .with_batch_index(i)
+                    .with_batch_index_error_message(r.error_message.as_deref().map(str_bytes))
+            })
+            .collect(),
+    )
+    .with_error_message(r.error_message.as_deref().map(str_bytes))
+}
+
+fn str_bytes(v: &str) -> kaas_wire::kafka_protocol::protocol::StrBytes {
+    kaas_wire::kafka_protocol::protocol::StrBytes::from_string(v.to_string())
 }
 
 /// Runs on the shard that owns the partition: validate and append. acks=all is answered by
@@ -211,14 +241,29 @@ async fn produce_partition(
     {
         return refuse(errors::MESSAGE_TOO_LARGE);
     }
-    if rules.keys_required && !all_keyed(&records, &headers) {
-        // Kafka refuses the whole batch: a keyless record cannot be compacted.
-        return refuse(errors::INVALID_RECORD);
+    if rules.keys_required {
+        if let Some(keyless) = keyless_records(&records, &headers) {
+            // Kafka refuses the whole batch, naming the keyless records: a keyless record
+            // cannot be compacted. librdkafka then fails those with INVALID_RECORD and the
+            // others with _INVALID_DIFFERENT_RECORD.
+            let message = format!(
+                "Compacted topic cannot accept message without key in topic partition {}-{partition}.",
+                meta.name
+            );
+            return Appended::Done(PartResult {
+                record_errors: keyless,
+                error_message: Some(message),
+                ..PartResult::error(errors::INVALID_RECORD)
+            });
+        }
     }
     let log_append_time_ms = rules.log_append_time.then(now_ms);
     // Cluster mode: only the leader writes, and only while its write fence is open (see
     // kaas_control::handover); both are checked again before acknowledging.
-    if !shard.serves(&meta.name, partition) || !shard.cluster.may_acknowledge() {
+    let Some(term) = shard.cluster.fence_term() else {
+        return refuse(errors::NOT_LEADER_OR_FOLLOWER);
+    };
+    if !shard.serves(&meta.name, partition) {
         return refuse(errors::NOT_LEADER_OR_FOLLOWER);
     }
     let log = match shard.partition(&meta, partition).await {
@@ -249,22 +294,28 @@ async fn produce_partition(
         base_offset,
         log_start_offset: log.log_start_offset(),
         log_append_time_ms: log_append_time_ms.unwrap_or(-1),
+        ..PartResult::error(errors::NONE)
     };
     if acks == -1 {
         return Appended::Pending {
             result,
             end_offset: outcome.end_offset(),
             log: log.generation(),
+            term,
         };
     }
-    Appended::Done(may_acknowledge(
-        &shard,
-        &meta,
-        partition,
-        &log,
-        result,
-        outcome.end_offset(),
-    ))
+    Appended::Done(
+        may_acknowledge(
+            &shard,
+            &meta,
+            partition,
+            &log,
+            result,
+            outcome.end_offset(),
+            term,
+        )
+        .await,
+    )
 }
 
 /// Runs on the owning shard: answers an acks=all write once the sync covering it completed.
@@ -274,54 +325,92 @@ async fn acknowledge_when_durable(
     partition: i32,
     result: PartResult,
     end_offset: i64,
-    generation: u64,
+    (generation, term): (u64, u64),
 ) -> PartResult {
     let log = shard
         .open_partition(meta.id, partition)
         .filter(|l| l.generation() == generation);
-    let Some(log) = log else {
-        // Relinquished (and perhaps taken over again) since the append.
-        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
-    };
-    if let Err(e) = log.wait_durable(end_offset).await {
-        tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
-        return PartResult::error(errors::storage(&e));
+    if let Some(log) = log {
+        match log.wait_durable(end_offset).await {
+            Ok(()) => {
+                return may_acknowledge(&shard, &meta, partition, &log, result, end_offset, term)
+                    .await
+            }
+            Err(e) if !log.is_closed() => {
+                tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
+                return PartResult::error(errors::storage(&e));
+            }
+            // Closed while waiting: whether its close kept the write decides, below.
+            Err(_) => {}
+        }
     }
-    may_acknowledge(&shard, &meta, partition, &log, result, end_offset)
+    // Relinquished since the append (and perhaps taken over again, with a new log).
+    let kept = shard.kept_on_handover(generation, end_offset).await;
+    let held = shard.cluster.fence_held_since(term);
+    if kept && held {
+        return result;
+    }
+    tracing::debug!(topic = %meta.name, partition, end_offset, kept, held, "not acknowledging a write: relinquished since, and its close did not keep it or the fence closed");
+    PartResult::error(errors::NOT_LEADER_OR_FOLLOWER)
 }
 
 /// The last check before a success goes out, after the write (and for acks=all its sync).
 /// A write that passes it can no longer be cut by a take-over, so consumers may read it: the
 /// high watermark moves to its end (see `PartitionLog::high_watermark`).
-fn may_acknowledge(
+///
+/// The fence must have stayed open since the write was checked (`term`): had it closed, the
+/// controller may have handed the partition away by time, and a new leader may have recovered
+/// the log without this write — even if a later acknowledgement of this broker's status
+/// reopened the fence since. Then the producer retries on the new leader (idempotence removes
+/// the copy if this one did land).
+///
+/// A partition relinquished while the write was in flight was handed over in order: its close
+/// waited for the write, synced it and saved the state the next leader starts from, so the
+/// write is kept and is acknowledged. Refusing it told librdkafka (NOT_LEADER_OR_FOLLOWER
+/// means "not persisted" to it) that it could renumber the records after an epoch bump, and
+/// they were stored twice (the controller-pause fault run, 11 records in 100 pauses).
+async fn may_acknowledge(
     shard: &Shard,
     meta: &TopicMeta,
     partition: i32,
     log: &kaas_storage::PartitionLog,
     result: PartResult,
     end_offset: i64,
+    term: u64,
 ) -> PartResult {
-    if !shard.cluster.may_acknowledge() || !shard.serves(&meta.name, partition) || log.is_closed() {
-        // The fence closed while the write was in flight, or the partition was relinquished
-        // meanwhile (and perhaps taken over again, with a new log): a new leader may already
-        // have recovered the log without this write, so it must not be acknowledged — even if
-        // a later acknowledgement of this broker's status reopened the fence. The producer
-        // retries on the new leader (idempotence removes the copy if this one did land).
+    if !shard.cluster.fence_held_since(term) {
+        tracing::debug!(topic = %meta.name, partition, end_offset, "not acknowledging a write: the fence closed since it was checked");
         return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
     }
-    log.advance_high_watermark(end_offset);
-    result
+    if shard.serves(&meta.name, partition) && !log.is_closed() {
+        log.advance_high_watermark(end_offset);
+        return result;
+    }
+    if log.kept_by_close(end_offset).await && shard.cluster.fence_held_since(term) {
+        return result;
+    }
+    tracing::debug!(topic = %meta.name, partition, end_offset, closed_end = ?log.closed_end(), "not acknowledging a write: relinquished, and the close did not keep it");
+    PartResult::error(errors::NOT_LEADER_OR_FOLLOWER)
 }
 
-/// Whether every record of every batch in `records` has a key (see `produce_rules`).
-fn all_keyed(records: &[u8], headers: &[kaas_wire::batch::BatchHeader]) -> bool {
+/// `None` if every record of every batch in `records` has a key (see `produce_rules`), else
+/// the positions of those that do not, counted over the record set (a batch that cannot be
+/// decoded counts as keyless at its first position).
+fn keyless_records(records: &[u8], headers: &[kaas_wire::batch::BatchHeader]) -> Option<Vec<i32>> {
     let mut scratch = Vec::new();
     let mut at = 0;
-    headers.iter().all(|h| {
+    let mut base = 0i32;
+    let mut keyless = Vec::new();
+    for h in headers {
         let batch = &records[at..at + h.total_len()];
         at += h.total_len();
-        kaas_storage::all_records_keyed(batch, &mut scratch) == Some(true)
-    })
+        match kaas_storage::keyless_records(batch, &mut scratch) {
+            Some(v) => keyless.extend(v.into_iter().map(|i| base + i)),
+            None => keyless.push(base),
+        }
+        base = base.saturating_add(h.record_count.max(0));
+    }
+    (!keyless.is_empty()).then_some(keyless)
 }
 
 fn now_ms() -> i64 {
