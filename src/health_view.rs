@@ -120,6 +120,9 @@ impl HealthView {
                 "max_connections_per_ip": self.admission.limits().connections_per_ip,
                 "request_memory_bytes": self.admission.reserved(),
                 "queued_max_request_bytes": self.admission.limits().request_bytes,
+                "log_files_open": self.probes.iter().map(|p| p.log_files_open.load(Ordering::Relaxed)).sum::<u64>(),
+                "max_open_log_files": self.config.open_log_files_per_shard * self.probes.len(),
+                "logs_evicted": self.probes.iter().map(|p| p.logs_evicted.load(Ordering::Relaxed)).sum::<u64>(),
             },
         });
         let mut serving = true;
@@ -195,7 +198,12 @@ impl HealthSource for HealthView {
                 );
             }
         }
-        let counters: [(&str, &str, u64); 5] = [
+        let counters: [(&str, &str, u64); 6] = [
+            (
+                "kaas_logs_evicted_total",
+                "Idle partition logs closed to stay within the open-file budget (reopened on use).",
+                sum(&|p| p.logs_evicted.load(Ordering::Relaxed)),
+            ),
             (
                 "kaas_bytes_in_total",
                 "Bytes of Kafka requests received.",
@@ -288,7 +296,7 @@ impl HealthSource for HealthView {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         }
-        let gauges: [(&str, &str, u64); 2] = [
+        let gauges: [(&str, &str, u64); 3] = [
             (
                 "kaas_connections_open",
                 "Open client connections.",
@@ -298,6 +306,11 @@ impl HealthSource for HealthView {
                 "kaas_partitions_open",
                 "Partition logs open on the shards.",
                 sum(&|p| p.partitions_open.load(Ordering::Relaxed)),
+            ),
+            (
+                "kaas_log_files_open",
+                "Segment files the open partition logs hold (within --max-open-log-files).",
+                sum(&|p| p.log_files_open.load(Ordering::Relaxed)),
             ),
         ];
         for (name, help, v) in gauges {

@@ -69,6 +69,11 @@ struct Args {
     /// must arrive within this long.
     #[arg(long, env = "KAAS_REQUEST_PROGRESS_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
     request_progress_timeout_ms: u64,
+    /// Segment files all partition logs keep open at most (0: half of the open-file limit,
+    /// the rest left for connections). Past it, the least recently used idle logs are
+    /// closed and reopened on their next use.
+    #[arg(long, env = "KAAS_MAX_OPEN_LOG_FILES", default_value_t = 0)]
+    max_open_log_files: u64,
     /// io_uring buffer memory per shard, in bytes (counts against RLIMIT_MEMLOCK).
     #[arg(long, env = "KAAS_IO_MEMORY_BYTES", default_value_t = 2 << 20)]
     io_memory_bytes: usize,
@@ -321,6 +326,13 @@ fn raise_fd_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// Each shard's share of the open-file budget for partition logs (`--max-open-log-files`, or
+/// half the descriptor limit), never below 16 so that a shard can always serve something.
+fn open_log_files_per_shard(flag: u64, fd_limit: u64, shards: usize) -> usize {
+    let total = if flag > 0 { flag } else { fd_limit / 2 };
+    ((total / shards.max(1) as u64) as usize).max(16)
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
     let fd_limit = raise_fd_limit();
     if fd_limit < 4096 {
@@ -373,6 +385,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         },
         connections_max_idle_ms: args.connections_max_idle_ms,
         request_progress_timeout_ms: args.request_progress_timeout_ms,
+        open_log_files_per_shard: open_log_files_per_shard(
+            args.max_open_log_files,
+            fd_limit,
+            shards,
+        ),
     };
     anyhow::ensure!(
         args.max_frame_bytes <= args.queued_max_request_bytes,

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -837,8 +838,9 @@ def test_kill_and_restart_a_broker_rebalances(make_cluster):
 @pytest.mark.skipif(not LONG, reason="long chaos test: set KAAS_LONG_TESTS=1")
 @logs_on_failure
 def test_random_faults_under_load_lose_nothing(make_cluster):
-    """Minutes of random SIGKILL, SIGSTOP/SIGCONT and restarts under load (at least one broker
-    always running): at the end every acknowledged record is stored exactly once, in order."""
+    """Minutes of random SIGKILL, SIGSTOP/SIGCONT, SIGTERM drains and restarts under load (at
+    least one broker always running): at the end every acknowledged record is stored exactly
+    once, in order."""
     seconds = float(os.environ.get("KAAS_CHAOS_SECONDS", "240"))
     seed = int(os.environ.get("KAAS_CHAOS_SEED", str(int(time.time()))))
     rng = random.Random(seed)
@@ -857,7 +859,7 @@ def test_random_faults_under_load_lose_nothing(make_cluster):
             down = [n for n in c.nodes if not n.alive()]
             choices = ["restart"] * bool(down)
             if len(running) >= 2:
-                choices += ["kill", "pause", "kill-controller"]
+                choices += ["kill", "pause", "kill-controller", "drain"]
             choice = rng.choice(choices) if choices else "wait"
             if choice == "restart":
                 n = rng.choice(down)
@@ -873,6 +875,15 @@ def test_random_faults_under_load_lose_nothing(make_cluster):
                 n.pause()
                 time.sleep(rng.uniform(0.5, 6.0))
                 n.resume()
+            elif choice == "drain":
+                # SIGTERM: the broker hands its partitions over, then exits (or is killed
+                # when the drain cannot finish, e.g. with no controller to move them).
+                n = rng.choice(running)
+                n.signal(signal.SIGTERM)
+                try:
+                    n.proc.wait(DRAIN_TIMEOUT_MS / 1000 + 15)
+                except subprocess.TimeoutExpired:
+                    n.kill()
             actions.append((round(time.monotonic() - end + seconds, 1), choice, n.id if choice != "wait" else None))
             time.sleep(rng.uniform(1.0, 8.0))
         for n in c.nodes:

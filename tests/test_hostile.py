@@ -304,3 +304,70 @@ def test_a_flood_of_bad_frames_writes_little_log(broker_factory):
     assert refused >= 4900, f"only {refused} of 5,000 malformed frames counted"
     assert grown < 20_000, f"the log grew by {grown} bytes"
     assert kwire.api_versions(b)
+
+
+@pytest.mark.timeout(600)
+def test_more_partitions_than_file_descriptors(broker_factory):
+    """50,000 partitions with an open-file limit of 4,096: producing to and fetching from 5,000
+    random ones keeps the open segment files within the broker's budget (idle logs are closed
+    and reopened on use), every record comes back, and ApiVersions is answered throughout."""
+    from kcheck import create_topic
+    raise_own_fd_limit(8192)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+
+    b = broker_factory(preexec_fn=limit)
+    assert metric(b, "kaas_fd_limit") == 4096
+    create_topic(b.bootstrap, "wide", 50_000, timeout=120)
+    stop = threading.Event()
+    unanswered: list[str] = []
+
+    def probe():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                assert kwire.api_versions(b)
+            except Exception as e:  # noqa: BLE001 — any failure to answer is what we look for
+                unanswered.append(f"{type(e).__name__}: {e}")
+            time.sleep(max(0.0, 0.2 - (time.monotonic() - t0)))
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    rng = __import__("random").Random(4096)
+    chosen = rng.sample(range(50_000), 5_000)
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5})
+    for i, part in enumerate(chosen):
+        p.produce("wide", value=f"v-{part}".encode(), partition=part)
+        if i % 200 == 0:
+            p.poll(0)
+    assert p.flush(240) == 0, "records still unacknowledged"
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "wide-check",
+                  "enable.auto.commit": False, "enable.partition.eof": False})
+    try:
+        c.assign([TopicPartition("wide", part, 0) for part in chosen])
+        got: dict[int, bytes] = {}
+        deadline = time.monotonic() + 240
+        while len(got) < len(chosen) and time.monotonic() < deadline:
+            for m in c.consume(1000, 1.0):
+                assert not m.error(), m.error()
+                got[m.partition()] = m.value()
+    finally:
+        c.close()
+        stop.set()
+        t.join(10)
+    missing = [part for part in chosen if got.get(part) != f"v-{part}".encode()]
+    with urllib.request.urlopen(b.health_url + "/healthz", timeout=5) as r:
+        limits = __import__("json").loads(r.read())["limits"]
+    files, budget = limits["log_files_open"], limits["max_open_log_files"]
+    evicted = metric(b, "kaas_logs_evicted_total")
+    log = b.log_path.read_text(errors="replace")
+    emfile = log.count("Too many open files")
+    print(f"\n50,000 partitions, fd limit 4096: {files:.0f} segment files open (budget {budget}),"
+          f" {evicted:.0f} idle logs closed, fds {limits['open_fds']}/{limits['fd_limit']},"
+          f" {len(unanswered)} ApiVersions unanswered, {emfile} EMFILE lines")
+    assert not missing, f"{len(missing)} of {len(chosen)} records not read back, e.g. {missing[:5]}"
+    assert files <= budget, (files, budget)
+    assert evicted > 0, "5,000 logs at a budget below that: some must have been closed"
+    assert not unanswered, unanswered[:5]
+    assert emfile == 0, "the broker ran out of file descriptors"

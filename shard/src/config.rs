@@ -29,6 +29,10 @@ pub struct BrokerConfig {
     /// A request body must keep arriving: each 64 KiB of it (or its rest) within this long,
     /// or the connection is closed.
     pub request_progress_timeout_ms: u64,
+    /// Segment files each shard keeps open at most (`--max-open-log-files` split over the
+    /// shards): past it, the least recently used idle partition logs are closed, and reopened
+    /// on their next use (a closed log's saved index and producer state make that quick).
+    pub open_log_files_per_shard: usize,
 }
 
 impl BrokerConfig {
@@ -54,6 +58,7 @@ impl BrokerConfig {
             },
             connections_max_idle_ms: 600_000,
             request_progress_timeout_ms: 30_000,
+            open_log_files_per_shard: 10_000,
         }
     }
 }

@@ -414,6 +414,8 @@ async fn retention_loop(shard: Rc<Shard>) {
                 if shard.owner_of(&topic.name, p) != shard.id || !shard.serves(&topic.name, p) {
                     continue;
                 }
+                // Logs this opens count against the open-file budget like any other: idle
+                // after the pass, they are the first closed when room is needed.
                 match shard.partition(topic, p).await {
                     Ok(log) => {
                         if let Err(e) = log.compact(now_ms).await {
@@ -423,6 +425,9 @@ async fn retention_loop(shard: Rc<Shard>) {
                             tracing::error!(topic = %topic.name, partition = p, error = %e, "retention failed");
                         }
                     }
+                    // Cluster mode with the write fence closed: nothing is served, and the
+                    // pass comes back later.
+                    Err(kaas_storage::StorageError::Closed) => {}
                     Err(e) => {
                         tracing::error!(topic = %topic.name, partition = p, error = %e, "cannot open partition for retention")
                     }

@@ -69,6 +69,10 @@ pub struct ShardProbe {
     pub connections_total: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub partitions_open: AtomicU64,
+    /// Segment files the open logs hold, and how many idle logs were closed to stay within
+    /// the shard's budget (`--max-open-log-files`).
+    pub log_files_open: AtomicU64,
+    pub logs_evicted: AtomicU64,
     pub produce_latency: LatencyProbe,
     pub fetch_latency: LatencyProbe,
 }
@@ -87,6 +91,8 @@ impl Default for ShardProbe {
             connections_total: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
             partitions_open: AtomicU64::new(0),
+            log_files_open: AtomicU64::new(0),
+            logs_evicted: AtomicU64::new(0),
             produce_latency: LatencyProbe::default(),
             fetch_latency: LatencyProbe::default(),
         }

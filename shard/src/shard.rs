@@ -32,6 +32,9 @@ pub fn owner_shard(topic: &str, partition: i32, shards: usize) -> usize {
 struct PartitionSlot {
     log: RefCell<Option<Rc<PartitionLog>>>,
     opening: Semaphore,
+    /// When a request last asked for this log: the open-file budget closes the least recently
+    /// used idle logs first.
+    last_used: std::cell::Cell<std::time::Instant>,
 }
 
 /// State of one shard. Lives on its executor's thread only (`Rc`, `RefCell`); other shards
@@ -58,6 +61,8 @@ pub struct Shard {
     /// offset saved): an acks=all write answered after its partition was handed over is
     /// acknowledged if the close kept it (see [`Shard::kept_on_handover`]).
     closing: RefCell<HashMap<u64, Rc<PartitionLog>>>,
+    /// Logs being opened now (each will hold a descriptor): counted by the open-file budget.
+    opening_logs: std::cell::Cell<usize>,
     retired: RefCell<std::collections::VecDeque<(u64, Option<i64>)>>,
 }
 
@@ -95,6 +100,7 @@ impl Shard {
             admission,
             serving: RefCell::new(HashMap::new()),
             closing: RefCell::new(HashMap::new()),
+            opening_logs: std::cell::Cell::new(0),
             retired: RefCell::new(std::collections::VecDeque::new()),
         }
     }
@@ -252,6 +258,7 @@ impl Shard {
             self.probe
                 .partitions_open
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.count_open_files();
         }
     }
 
@@ -308,9 +315,11 @@ impl Shard {
                 Rc::new(PartitionSlot {
                     log: RefCell::new(None),
                     opening: Semaphore::new(1),
+                    last_used: std::cell::Cell::new(std::time::Instant::now()),
                 })
             })
             .clone();
+        slot.last_used.set(std::time::Instant::now());
         if let Some(log) = slot.log.borrow().as_ref() {
             return Ok(log.clone());
         }
@@ -322,13 +331,76 @@ impl Shard {
         if let Some(log) = slot.log.borrow().as_ref() {
             return Ok(log.clone());
         }
+        // Room first: the log about to open needs at least one descriptor (and so does every
+        // other open under way).
+        self.opening_logs.set(self.opening_logs.get() + 1);
+        self.stay_within_open_file_budget(key, self.opening_logs.get())
+            .await;
         let dir = topic.partition_dir(&self.config.data_dir, partition);
-        let log = PartitionLog::open(dir, self.log_config(topic), epoch).await?;
+        let opened = PartitionLog::open(dir, self.log_config(topic), epoch).await;
+        self.opening_logs.set(self.opening_logs.get() - 1);
+        let log = opened?;
         *slot.log.borrow_mut() = Some(log.clone());
         self.probe
             .partitions_open
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.count_open_files();
         Ok(log)
+    }
+
+    /// Closes the least recently used idle logs of this shard until their segment files plus
+    /// `room` fit the shard's budget (`BrokerConfig::open_log_files_per_shard`). A log is idle
+    /// when nothing but the shard holds it (no request, long poll or background pass in it);
+    /// `keep` is never closed. Closing syncs and saves the log's index and producer state, so
+    /// its next use reopens it without a recovery scan. With more busy logs than the budget
+    /// allows, it is exceeded rather than refusing service.
+    async fn stay_within_open_file_budget(&self, keep: (Uuid, i32), room: usize) {
+        let budget = self.config.open_log_files_per_shard;
+        loop {
+            let (open, victim) = {
+                let map = self.partitions.borrow();
+                let mut open = 0usize;
+                let mut victim: Option<((Uuid, i32), std::time::Instant)> = None;
+                for (k, slot) in map.iter() {
+                    let Some(log) = slot.log.borrow().clone() else {
+                        continue;
+                    };
+                    open += log.open_files();
+                    // Two references: the slot's and the clone just taken.
+                    let idle = Rc::strong_count(&log) == 2;
+                    if *k != keep && idle && victim.is_none_or(|(_, t)| slot.last_used.get() < t) {
+                        victim = Some((*k, slot.last_used.get()));
+                    }
+                }
+                (open, victim)
+            };
+            if open + room <= budget {
+                return;
+            }
+            let Some(((id, partition), _)) = victim else {
+                crate::ratelog::limited("open-log-budget", |suppressed| {
+                    tracing::warn!(shard = self.id, open, budget, suppressed, "every open partition log is busy, so the open-file budget is exceeded until some go idle; raise --max-open-log-files (and `ulimit -n`) if this persists");
+                });
+                return;
+            };
+            self.close_partition(id, partition).await;
+            self.probe
+                .logs_evicted
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes how many segment files this shard's open logs hold (for /metrics).
+    fn count_open_files(&self) {
+        let open: usize = self
+            .partitions
+            .borrow()
+            .values()
+            .filter_map(|s| s.log.borrow().as_ref().map(|l| l.open_files()))
+            .sum();
+        self.probe
+            .log_files_open
+            .store(open as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The open log of a partition if it is already open (no IO).

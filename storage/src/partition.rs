@@ -420,6 +420,12 @@ impl PartitionLog {
     pub fn is_closed(&self) -> bool {
         self.closed.get()
     }
+    /// File descriptors this log holds: one per segment file (indexes are read whole, not
+    /// kept open). What the shard's open-file budget counts.
+    pub fn open_files(&self) -> usize {
+        self.state.borrow().segments.len()
+    }
+
     pub fn log_end_offset(&self) -> i64 {
         self.state.borrow().log_end_offset
     }
@@ -1200,6 +1206,18 @@ impl PartitionLog {
     }
 
     /// Waits until the high watermark passes `offset` or `timeout` elapses.
+    /// A signal for a long poll that does not hold the log: `None` if there is data past
+    /// `offset` already; otherwise a receiver that completes when there is (or with an error
+    /// when the log is closed first — then the caller looks again).
+    pub fn data_signal(&self, offset: i64) -> Option<futures::channel::oneshot::Receiver<()>> {
+        if self.high_watermark() > offset {
+            return None;
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.data_waiters.borrow_mut().push(tx);
+        Some(rx)
+    }
+
     pub async fn wait_for_data(&self, offset: i64, timeout: Duration) {
         if self.high_watermark() > offset {
             return;

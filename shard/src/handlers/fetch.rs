@@ -233,16 +233,27 @@ async fn wait_any(shard: &Rc<Shard>, wanted: &[Wanted], timeout: Duration) {
                 shard,
                 target,
                 move |s: Rc<Shard>| async move {
-                    let mut futs = Vec::new();
+                    // Signals, not logs: a long poll over thousands of partitions must not keep
+                    // their logs busy (the open-file budget closes only idle ones). A log that
+                    // is not open now is not waited on (the read pass just opened it, so it was
+                    // closed for room since); one closed while waiting wakes the poll early.
+                    let mut signals = Vec::new();
                     for (meta, partition, offset) in parts {
-                        if let Ok(log) = s.partition(&meta, partition).await {
-                            futs.push(Box::pin(
-                                async move { log.wait_for_data(offset, timeout).await },
-                            ));
+                        if !s.serves(&meta.name, partition) {
+                            continue;
+                        }
+                        if let Some(log) = s.open_partition(meta.id, partition) {
+                            match log.data_signal(offset) {
+                                Some(rx) => signals.push(rx),
+                                None => return,
+                            }
                         }
                     }
-                    if !futs.is_empty() {
-                        futures::future::select_all(futs).await;
+                    if signals.is_empty() {
+                        glommio::timer::sleep(timeout).await;
+                    } else {
+                        // An error means the log was closed: wake, and the read looks again.
+                        let _ = futures::future::select_all(signals).await;
                     }
                 },
             ))

@@ -284,9 +284,14 @@ where
     answers
 }
 
+/// How many items of one request run at once on one shard. Bounded so that a request over
+/// thousands of partitions (a wide Fetch) opens their logs a few at a time and lets each go
+/// idle after its read, instead of holding them all open at once past the open-file budget.
+const CONCURRENT_ITEMS_PER_SHARD: usize = 64;
+
 /// Runs `f` for every item on the shard that owns it: items for one shard go in one message,
-/// and run concurrently there. Results come back in input order; an item whose shard is gone
-/// (shutting down) gets `lost`.
+/// and run there, up to [`CONCURRENT_ITEMS_PER_SHARD`] at a time. Results come back in input
+/// order; an item whose shard is gone (shutting down) gets `lost`.
 pub(crate) async fn per_partition<I, R, F, Fut>(
     shard: &Rc<Shard>,
     items: Vec<(usize, I)>,
@@ -313,11 +318,15 @@ where
             let indices: Vec<usize> = group.iter().map(|(i, _)| *i).collect();
             async move {
                 let results = on_shard(shard, target, move |s: Rc<Shard>| async move {
+                    use futures::StreamExt;
                     let work = group.into_iter().map(|(i, item)| {
                         let fut = f(s.clone(), item);
                         async move { (i, fut.await) }
                     });
-                    futures::future::join_all(work).await
+                    futures::stream::iter(work)
+                        .buffer_unordered(CONCURRENT_ITEMS_PER_SHARD)
+                        .collect::<Vec<_>>()
+                        .await
                 })
                 .await;
                 (indices, results)
