@@ -269,6 +269,40 @@ class Tail:
 
 
 @logs_on_failure
+def test_led_partitions_past_the_open_file_budget_close_and_reopen(make_cluster):
+    """Each broker leads 20 of 60 partitions with room for 16 open segment files: idle logs are
+    closed and reopened under load, through a drain and the rebalance back, and every
+    acknowledged record is stored once, in order, at its offset."""
+    c = make_cluster(3, extra_args=("--max-open-log-files", "16"))
+    create_topic(c.bootstrap(), "budget", 60)
+    c.wait_settled(60, balanced=True)
+    load = Load(c.bootstrap(), "budget", 60, "a").start()
+    try:
+        load.wait_acks(3000)
+        ctl = c.wait_controller()
+        victim = next(n for n in c.nodes if n is not ctl)
+        victim.signal(signal.SIGTERM)
+        assert victim.proc.wait(DRAIN_TIMEOUT_MS / 1000 + 15) == 0
+        c.wait_settled(60, timeout=30)
+        victim.start()
+        c.wait_all_ready()
+        c.wait_settled(60, balanced=True)
+        load.wait_acks_everywhere_since(time.monotonic(), timeout=60)
+        load.stop()
+        load.check_client_side()
+        evicted = {}
+        for n in c.running():
+            lim = json.loads(n._get("/healthz")[1])["limits"]
+            evicted[n.id] = (lim["logs_evicted"], lim["log_files_open"], lim["max_open_log_files"])
+        n_stored = verify(c.bootstrap(c.running()), "budget", 60, [load])
+        print(f"\nopen-file budget 16, 20 partitions led per broker: (logs closed for room, files"
+              f" open, budget) {evicted}, {len(load.acked)} acknowledged, {n_stored} stored")
+        assert all(e > 0 for e, _, _ in evicted.values()), evicted
+    finally:
+        load.abort()
+
+
+@logs_on_failure
 def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
     """Partitions handed over in order (a drain, then the rebalance back) while a producer
     without retries writes acks=all: a write the old leader stored before it let go is

@@ -61,6 +61,9 @@ pub struct Shard {
     /// offset saved): an acks=all write answered after its partition was handed over is
     /// acknowledged if the close kept it (see [`Shard::kept_on_handover`]).
     closing: RefCell<HashMap<u64, Rc<PartitionLog>>>,
+    /// Cluster mode: the leader epoch each served partition was taken over at; a log the
+    /// open-file budget closed is reopened only while the stored epoch is still this one.
+    taken_epochs: RefCell<HashMap<(Uuid, i32), i32>>,
     /// Logs being opened now (each will hold a descriptor): counted by the open-file budget.
     opening_logs: std::cell::Cell<usize>,
     retired: RefCell<std::collections::VecDeque<(u64, Option<i64>)>>,
@@ -101,6 +104,7 @@ impl Shard {
             serving: RefCell::new(HashMap::new()),
             closing: RefCell::new(HashMap::new()),
             opening_logs: std::cell::Cell::new(0),
+            taken_epochs: RefCell::new(HashMap::new()),
             retired: RefCell::new(std::collections::VecDeque::new()),
         }
     }
@@ -169,6 +173,14 @@ impl Shard {
             generation = log.generation(),
             "took over"
         );
+        self.taken_epochs
+            .borrow_mut()
+            .insert((topic.id, partition), log.leader_epoch().0);
+        // Many take-overs at once open their logs together, before any of them is idle: make
+        // room now that this one is open (it reopens on its first use if it is closed).
+        drop(log);
+        self.stay_within_open_file_budget((Uuid::nil(), -1), 0)
+            .await;
         self.serving
             .borrow_mut()
             .entry(topic_name.to_string())
@@ -192,10 +204,14 @@ impl Shard {
                 .collect()
         };
         let snapshot = self.catalog.snapshot();
+        if let Some(t) = snapshot.get(topic_name) {
+            self.taken_epochs.borrow_mut().remove(&(t.id, partition));
+        }
         for id in ids {
             // The topic may be gone from the catalog already (deleted): close by id then.
             let named = snapshot.by_id(id).is_none_or(|t| t.name == topic_name);
             if named {
+                self.taken_epochs.borrow_mut().remove(&(id, partition));
                 self.close_partition(id, partition).await;
             }
         }
@@ -210,21 +226,26 @@ impl Shard {
         let Some(topic) = self.catalog.snapshot().get(topic_name).cloned() else {
             return Ok(());
         };
-        let Some(log) = self.open_partition(topic.id, partition) else {
-            return Ok(());
+        // A log the open-file budget closed is judged by the epoch it was taken over at.
+        let ours = match self.open_partition(topic.id, partition) {
+            Some(log) => log.leader_epoch().0,
+            None => match self.taken_epochs.borrow().get(&(topic.id, partition)) {
+                Some(e) => *e,
+                None => return Ok(()),
+            },
         };
-        let stored = kaas_storage::stored_leader_epoch(log.dir()).map_err(|e| e.to_string())?;
-        if stored <= log.leader_epoch().0 {
+        let dir = topic.partition_dir(&self.config.data_dir, partition);
+        let stored = kaas_storage::stored_leader_epoch(&dir).map_err(|e| e.to_string())?;
+        if stored <= ours {
             return Ok(());
         }
         tracing::warn!(
             topic = topic_name,
             partition,
             stored_epoch = stored,
-            our_epoch = log.leader_epoch().0,
+            our_epoch = ours,
             "another broker led this partition since it was opened here: reopening it"
         );
-        drop(log);
         self.relinquish(topic_name, partition).await;
         self.take_over(topic_name, partition).await
     }
@@ -294,6 +315,24 @@ impl Shard {
             // consumers see a truncation (librdkafka then resets or, with
             // auto.offset.reset=error, stops). Clients retry on NOT_LEADER_OR_FOLLOWER.
             return Err(StorageError::Closed);
+        }
+        if self.cluster.enabled() && self.open_partition(topic.id, partition).is_none() {
+            // Reopening a log the open-file budget closed: only at the epoch this broker took
+            // it over at. A different stored epoch means another broker led it since (a move
+            // this broker has not applied yet); opening then would write under its epoch.
+            let taken = self
+                .taken_epochs
+                .borrow()
+                .get(&(topic.id, partition))
+                .copied();
+            if let Some(taken) = taken {
+                let dir = topic.partition_dir(&self.config.data_dir, partition);
+                let stored = kaas_storage::stored_leader_epoch(&dir)?;
+                if stored != taken {
+                    tracing::warn!(shard = self.id, topic = %topic.name, partition, stored_epoch = stored, our_epoch = taken, "not reopening a partition another broker led since this one took it over; waiting for the assignment that moves it");
+                    return Err(StorageError::Closed);
+                }
+            }
         }
         self.open_log(topic, partition, LeaderEpoch(0)).await
     }
@@ -378,9 +417,11 @@ impl Shard {
                 return;
             }
             let Some(((id, partition), _)) = victim else {
-                crate::ratelog::limited("open-log-budget", |suppressed| {
-                    tracing::warn!(shard = self.id, open, budget, suppressed, "every open partition log is busy, so the open-file budget is exceeded until some go idle; raise --max-open-log-files (and `ulimit -n`) if this persists");
-                });
+                if open >= budget {
+                    crate::ratelog::limited("open-log-budget", |suppressed| {
+                        tracing::warn!(shard = self.id, open, budget, suppressed, "every open partition log is busy, so the open-file budget is exceeded until some go idle; raise --max-open-log-files (and `ulimit -n`) if this persists");
+                    });
+                }
                 return;
             };
             self.close_partition(id, partition).await;
