@@ -268,6 +268,17 @@ class Tail:
         return sum(map(len, self.read.values()))
 
 
+def drain_and_return(c: Cluster, victim, partitions: int) -> None:
+    """SIGTERM `victim` (it hands its partitions over in order and exits 0), start it again and
+    wait for the rebalance back: two orderly handovers of its share."""
+    victim.signal(signal.SIGTERM)
+    assert victim.proc.wait(DRAIN_TIMEOUT_MS / 1000 + 15) == 0
+    c.wait_settled(partitions, timeout=30)
+    victim.start()
+    c.wait_all_ready()
+    c.wait_settled(partitions, balanced=True)
+
+
 @logs_on_failure
 def test_led_partitions_past_the_open_file_budget_close_and_reopen(make_cluster):
     """Each broker leads 20 of 60 partitions with room for 16 open segment files: idle logs are
@@ -281,12 +292,7 @@ def test_led_partitions_past_the_open_file_budget_close_and_reopen(make_cluster)
         load.wait_acks(3000)
         ctl = c.wait_controller()
         victim = next(n for n in c.nodes if n is not ctl)
-        victim.signal(signal.SIGTERM)
-        assert victim.proc.wait(DRAIN_TIMEOUT_MS / 1000 + 15) == 0
-        c.wait_settled(60, timeout=30)
-        victim.start()
-        c.wait_all_ready()
-        c.wait_settled(60, balanced=True)
+        drain_and_return(c, victim, 60)
         load.wait_acks_everywhere_since(time.monotonic(), timeout=60)
         load.stop()
         load.check_client_side()
@@ -346,12 +352,7 @@ def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
             ctl = c.wait_controller()
             victim = next(n for n in c.nodes if n is not ctl and n.running())
             time.sleep(1.0)
-            victim.signal(signal.SIGTERM)
-            assert victim.proc.wait(DRAIN_TIMEOUT_MS / 1000 + 15) == 0
-            c.wait_settled(12, timeout=30)
-            victim.start()
-            c.wait_all_ready()
-            c.wait_settled(12, balanced=True)
+            drain_and_return(c, victim, 12)
     finally:
         stop.set()
         t.join(90)

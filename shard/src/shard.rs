@@ -109,17 +109,11 @@ impl Shard {
         }
     }
 
-    /// Whether the log with `generation` — closed since the write, or being closed — kept
-    /// every offset below `end_offset` for the next leader: its close synced and saved them
-    /// before the partition could be handed on (see `PartitionLog::kept_by_close`).
+    /// Whether the log with `generation` — no longer open: closed since the write, or being
+    /// closed — kept every offset below `end_offset` for the next leader: its close synced and
+    /// saved them before the partition could be handed on (see `PartitionLog::kept_by_close`).
     pub async fn kept_on_handover(&self, generation: u64, end_offset: i64) -> bool {
-        let open = self
-            .partitions
-            .borrow()
-            .values()
-            .filter_map(|s| s.log.borrow().clone())
-            .find(|l| l.generation() == generation);
-        let closing = open.or_else(|| self.closing.borrow().get(&generation).cloned());
+        let closing = self.closing.borrow().get(&generation).cloned();
         if let Some(log) = closing {
             return log.kept_by_close(end_offset).await;
         }
@@ -204,14 +198,13 @@ impl Shard {
                 .collect()
         };
         let snapshot = self.catalog.snapshot();
-        if let Some(t) = snapshot.get(topic_name) {
-            self.taken_epochs.borrow_mut().remove(&(t.id, partition));
-        }
+        // The topic may be gone from the catalog already (deleted): go by id then.
+        let named = |id: &Uuid| snapshot.by_id(*id).is_none_or(|t| t.name == topic_name);
+        self.taken_epochs
+            .borrow_mut()
+            .retain(|(id, p), _| *p != partition || !named(id));
         for id in ids {
-            // The topic may be gone from the catalog already (deleted): close by id then.
-            let named = snapshot.by_id(id).is_none_or(|t| t.name == topic_name);
-            if named {
-                self.taken_epochs.borrow_mut().remove(&(id, partition));
+            if named(&id) {
                 self.close_partition(id, partition).await;
             }
         }

@@ -76,21 +76,10 @@ pub fn stored_leader_epoch(dir: &std::path::Path) -> Result<i32, StorageError> {
     Ok(epoch)
 }
 
-/// Whether every record of a produced batch has a key, as a compacted topic requires (Kafka
-/// answers INVALID_RECORD otherwise). A compressed batch is decompressed into `scratch`.
-/// Control batches need none; `None` when the records cannot be read at all.
-pub fn all_records_keyed(batch: &[u8], scratch: &mut Vec<u8>) -> Option<bool> {
-    let header = kaas_wire::batch::peek_header(batch).ok()?;
-    if header.is_control() {
-        return Some(true);
-    }
-    let records = compaction::records_in(batch, scratch)?;
-    Some(records.iter().all(|r| r.key.is_some()))
-}
-
-/// The positions (within the batch) of the records of a data batch that have no key; `None`
-/// if the batch cannot be decoded. For a compacted topic's produce check, whose error names
-/// them (Kafka's `record_errors`).
+/// The positions (within the batch) of the records of a produced batch that have no key, which
+/// a compacted topic refuses (Kafka answers INVALID_RECORD and names them in `record_errors`).
+/// A compressed batch is decompressed into `scratch`; control batches need no keys; `None`
+/// when the records cannot be read at all.
 pub fn keyless_records(batch: &[u8], scratch: &mut Vec<u8>) -> Option<Vec<i32>> {
     let header = kaas_wire::batch::peek_header(batch).ok()?;
     if header.is_control() {

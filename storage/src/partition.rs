@@ -1218,12 +1218,11 @@ impl PartitionLog {
         Some(rx)
     }
 
+    /// Returns once there is data past `offset`, or after `timeout`.
     pub async fn wait_for_data(&self, offset: i64, timeout: Duration) {
-        if self.high_watermark() > offset {
+        let Some(rx) = self.data_signal(offset) else {
             return;
-        }
-        let (tx, rx) = futures::channel::oneshot::channel();
-        self.data_waiters.borrow_mut().push(tx);
+        };
         future::or(
             async {
                 let _ = rx.await;

@@ -19,6 +19,13 @@ fn batch(spec: BatchSpec, values: &[&[u8]]) -> Vec<u8> {
     build_batch(spec, &recs)
 }
 
+/// Opens (creating) the partition in `path` with the default config at epoch 0.
+async fn open_default(path: std::path::PathBuf) -> Rc<PartitionLog> {
+    PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
+        .await
+        .unwrap()
+}
+
 async fn append(log: &Rc<PartitionLog>, bytes: &[u8]) -> AppendOutcome {
     let headers = verify_produced_record_set(bytes).unwrap();
     let out = log.append(bytes, &headers, LeaderEpoch(0)).await.unwrap();
@@ -32,9 +39,7 @@ fn append_read_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path.clone()).await;
         let a = append(&log, &batch(BatchSpec::default(), &[b"a", b"b"])).await;
         let b = append(&log, &batch(BatchSpec::default(), &[b"c"])).await;
         assert_eq!(
@@ -57,9 +62,7 @@ fn append_read_reopen() {
         assert_eq!(r.high_watermark, 3);
         log.close().await.unwrap();
         drop(log);
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path).await;
         assert_eq!(log.log_end_offset(), 3);
         let r = log.read(0, 1 << 20).await.unwrap();
         assert_eq!(verify_produced_record_set(&r.records).unwrap().len(), 2);
@@ -73,9 +76,7 @@ fn torn_tail_is_truncated() {
     let path = dir.path().join("t-0");
     let p2 = path.clone();
     run(move || async move {
-        let log = PartitionLog::open(p2, LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(p2).await;
         append(&log, &batch(BatchSpec::default(), &[b"one"])).await;
         append(&log, &batch(BatchSpec::default(), &[b"two"])).await;
         log.close().await.unwrap();
@@ -91,9 +92,7 @@ fn torn_tail_is_truncated() {
     std::io::Write::write_all(&mut f, half).unwrap();
     drop(f);
     run(move || async move {
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path).await;
         assert_eq!(log.log_end_offset(), 2);
         let out = append(&log, &batch(BatchSpec::default(), &[b"four"])).await;
         assert_eq!(out.base_offset(), 2);
@@ -109,9 +108,7 @@ fn idempotent_retry() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path).await;
         let spec = BatchSpec {
             producer_id: 5,
             producer_epoch: 0,
@@ -426,9 +423,7 @@ fn raised_epoch_is_stored_with_the_first_write() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path.clone()).await;
         append(&log, &batch(BatchSpec::default(), &[b"a"])).await;
         log.close().await.unwrap();
         drop(log);
@@ -457,9 +452,7 @@ fn raised_epoch_is_stored_with_the_first_write() {
         log.abandon(); // a crash: no clean close
         drop(log);
         assert_eq!(kaas_storage::stored_leader_epoch(&path).unwrap(), 2);
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path.clone()).await;
         assert_eq!(log.leader_epoch(), LeaderEpoch(2));
         assert_eq!(log.log_end_offset(), 2);
         assert_eq!(log.end_offset_for_epoch(0), (0, 1));
@@ -560,9 +553,7 @@ fn a_deposed_leaders_late_writes_never_claim_offsets() {
         new.close().await.unwrap();
         drop(new);
 
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path.clone()).await;
         assert_eq!(log.log_end_offset(), 5);
         // Reads return one segment's batches at a time: read on to the end.
         let (mut offsets, mut all) = (Vec::<i64>::new(), Vec::new());
@@ -608,9 +599,7 @@ fn consumers_read_below_the_high_watermark() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path.clone()).await;
         let a = append(&log, &batch(BatchSpec::default(), &[b"a", b"b"])).await;
         log.advance_high_watermark(a.end_offset());
         let b = append(&log, &batch(BatchSpec::default(), &[b"c"])).await;
@@ -651,9 +640,7 @@ fn consumers_read_below_the_high_watermark() {
         let c = append(&log, &batch(BatchSpec::default(), &[b"d"])).await;
         log.close().await.unwrap();
         drop(log);
-        let log = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path).await;
         assert_eq!(log.high_watermark(), c.end_offset());
         log.close().await.unwrap();
     });
@@ -667,9 +654,7 @@ fn a_close_reports_what_it_kept() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t-0");
     run(move || async move {
-        let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let log = open_default(path.clone()).await;
         let out = append(&log, &batch(BatchSpec::default(), &[b"a", b"b"])).await;
         assert!(!log.kept_by_close(out.end_offset()).await, "not closing");
         // Hold the write lock with an append in flight so the close queues behind it, then ask.
@@ -690,9 +675,7 @@ fn a_close_reports_what_it_kept() {
         assert_eq!(log.closed_end(), Some(3));
         assert!(!log.kept_by_close(4).await, "past what the close saved");
         drop(log);
-        let reopened = PartitionLog::open(path, LogConfig::default(), LeaderEpoch(0))
-            .await
-            .unwrap();
+        let reopened = open_default(path).await;
         assert_eq!(reopened.log_end_offset(), 3);
     });
 }

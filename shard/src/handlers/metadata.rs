@@ -24,7 +24,6 @@ use crate::errors;
 use crate::shard::Shard;
 
 use super::authorized;
-const AUTHORIZED_OPERATIONS_OMITTED: i32 = authorized::OMITTED;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -70,7 +69,7 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
                             MetadataResponseTopic::default()
                                 .with_error_code(errors::UNKNOWN_TOPIC_ID)
                                 .with_topic_id(rt.topic_id)
-                                .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
+                                .with_topic_authorized_operations(authorized::OMITTED),
                         );
                         continue;
                     }
@@ -107,7 +106,7 @@ fn error_topic(name: &str, code: i16) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_error_code(code)
         .with_name(Some(topic_name(name)))
-        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_topic_authorized_operations(authorized::OMITTED)
 }
 
 fn topic_response(shard: &Shard, t: &Arc<TopicMeta>) -> MetadataResponseTopic {
@@ -127,7 +126,7 @@ fn topic_response(shard: &Shard, t: &Arc<TopicMeta>) -> MetadataResponseTopic {
         .with_name(Some(topic_name(&t.name)))
         .with_topic_id(t.id)
         .with_partitions(partitions)
-        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_topic_authorized_operations(authorized::OMITTED)
 }
 
 /// (leader, leader epoch, error) of a partition as clients should see it. A partition with no
@@ -225,7 +224,7 @@ pub fn describe_topic_partitions(
                 DescribeTopicPartitionsResponseTopic::default()
                     .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
                     .with_name(Some(topic_name(&name)))
-                    .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED),
+                    .with_topic_authorized_operations(authorized::OMITTED),
             );
             continue;
         };
