@@ -35,6 +35,9 @@ command -v cc >/dev/null || need+=(build-essential pkg-config)
 command -v c++ >/dev/null || need+=(g++)
 installed libssl-dev || need+=(libssl-dev)
 installed zlib1g-dev || need+=(zlib1g-dev)
+# the full-disk tests mount a small ext4 loop volume (tests/test_full_disk.py)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v losetup >/dev/null || need+=(mount)
 
 if [[ ${#need[@]} -gt 0 && "${KAAS_SKIP_APT:-0}" != 1 ]]; then
     log "apt-get install ${need[*]}"
@@ -81,6 +84,11 @@ if command -v rustup >/dev/null; then
         rustup component list --installed 2>/dev/null | grep -q "^$c" \
             || retry rustup component add "$c"
     done
+fi
+# cargo-fuzz for scripts/fuzz.sh (its targets build with the nightly toolchain the machines carry)
+if ! command -v cargo-fuzz >/dev/null; then
+    log "cargo install cargo-fuzz"
+    retry cargo install cargo-fuzz --locked --version 0.13.2 >/dev/null 2>&1
 fi
 
 # -- Apache Kafka jars --------------------------------------------------------------------------

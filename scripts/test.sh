@@ -4,8 +4,9 @@
 #   1. cargo fmt --all -- --check
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace
-#   4. cargo build --release -p kaas -p kaas-bench
-#   5. python3 -m pytest tests -q   (real clients against the kaas binary; KAAS_BIN is set)
+#   4. scripts/fuzz.sh           (each fuzz target for 45 s; 600 s with KAAS_LONG_TESTS=1)
+#   5. cargo build --release -p kaas -p kaas-bench
+#   6. python3 -m pytest tests -q   (real clients against the kaas binary; KAAS_BIN is set)
 #
 # Every step runs even if an earlier check failed (except that the client suites need the
 # release build); the exit code is non-zero if any step failed, and a summary is printed.
@@ -46,6 +47,7 @@ if [[ "${KAAS_SKIP_CARGO_CHECKS:-0}" != 1 ]]; then
     step "rustfmt" cargo fmt --all -- --check
     step "clippy" cargo clippy --workspace --all-targets -- -D warnings
     step "cargo test" cargo test --workspace
+    step "fuzz" bash scripts/fuzz.sh
 fi
 
 built=0

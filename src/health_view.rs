@@ -124,6 +124,15 @@ impl HealthView {
                 "max_open_log_files": self.config.open_log_files_per_shard * self.probes.len(),
                 "logs_evicted": self.probes.iter().map(|p| p.logs_evicted.load(Ordering::Relaxed)).sum::<u64>(),
             },
+            "storage": {
+                "data_dir": self.config.data_dir.display().to_string(),
+                "free_bytes": self.admission.disk.free(),
+                "size_bytes": self.admission.disk.total(),
+                "min_free_bytes": self.admission.disk.min_free(),
+                "produce_refused": self.admission.disk.below_floor().is_some(),
+                "produce_refused_total": self.admission.disk.refused.load(Ordering::Relaxed),
+                "ballast_armed": kaas_storage::ballast::armed(),
+            },
         });
         let mut serving = true;
         if let Some(c) = self.cluster.get() {
@@ -255,7 +264,12 @@ impl HealthSource for HealthView {
             );
         }
         let (open_fds, fd_limit) = fd_usage();
-        let admission_series: [(&str, &str, &str, u64); 7] = [
+        let disk = &a.disk;
+        let admission_series: [(&str, &str, &str, u64); 11] = [
+            ("kaas_data_dir_free_bytes", "gauge", "Free bytes of the data directory's volume (as an unprivileged writer sees them).", disk.free()),
+            ("kaas_data_dir_size_bytes", "gauge", "Size of the data directory's volume.", disk.total()),
+            ("kaas_min_free_bytes", "gauge", "--min-free-bytes: below it, produce is refused with KAFKA_STORAGE_ERROR.", disk.min_free()),
+            ("kaas_produce_refused_disk_full_total", "counter", "Partitions of produce requests refused because the data volume was below --min-free-bytes.", disk.refused.load(Ordering::Relaxed)),
             ("kaas_open_fds", "gauge", "File descriptors the broker has open (connections, partition logs, io_uring, ...).", open_fds),
             ("kaas_fd_limit", "gauge", "The broker's open-file limit (raised to the hard limit at start).", fd_limit),
             ("kaas_heartbeat_refused_total", "counter", "Heartbeat streams and messages refused for a missing or bad signature (cluster mode).", kaas_control::heartbeat::auth::REFUSED.load(Ordering::Relaxed)),

@@ -2,7 +2,6 @@
 //! and the control thread (tokio, health/metrics HTTP), and shuts everything down cleanly on
 //! SIGTERM or SIGINT.
 
-mod alloc;
 mod cluster;
 mod health_view;
 mod uring_check;
@@ -17,7 +16,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use kaas_shard::config::BrokerConfig;
 
 #[global_allocator]
-static ALLOCATOR: alloc::GuardedAlloc = alloc::GuardedAlloc;
+static ALLOCATOR: kaas_wire::alloc::GuardedAlloc = kaas_wire::alloc::GuardedAlloc;
 
 /// A Kafka-wire-compatible, thread-per-core message broker.
 ///
@@ -74,6 +73,12 @@ struct Args {
     /// closed and reopened on their next use.
     #[arg(long, env = "KAAS_MAX_OPEN_LOG_FILES", default_value_t = 0)]
     max_open_log_files: u64,
+    /// Produce is refused (KAFKA_STORAGE_ERROR) while the data volume has fewer free bytes
+    /// than this, so that the broker's metadata (catalog, offsets, manifests) always has room
+    /// and a full disk can be recovered from with DeleteTopics or DeleteRecords. Default: 5%
+    /// of the volume, at most 1 GiB. 0 turns the floor off.
+    #[arg(long, env = "KAAS_MIN_FREE_BYTES")]
+    min_free_bytes: Option<u64>,
     /// io_uring buffer memory per shard, in bytes (counts against RLIMIT_MEMLOCK).
     #[arg(long, env = "KAAS_IO_MEMORY_BYTES", default_value_t = 2 << 20)]
     io_memory_bytes: usize,
@@ -110,7 +115,8 @@ struct Args {
     /// to the advertised Kafka host with the heartbeat port (or the listen address if specific).
     #[arg(long, env = "KAAS_HEARTBEAT_ADVERTISED")]
     heartbeat_advertised: Option<String>,
-    /// Cluster mode: this broker's rack (zone); the balancer spreads each topic across racks.
+    /// This broker's rack (zone). In cluster mode the balancer spreads each topic across racks;
+    /// on a single node Metadata reports it. The rack-aware group assignor reads it either way.
     #[arg(long, env = "KAAS_RACK")]
     rack: Option<String>,
     /// Cluster mode: Lease duration in ms (a candidate takes over a Lease unchanged this long).
@@ -161,7 +167,6 @@ fn parse_advertised(s: &str) -> anyhow::Result<(String, u16)> {
 /// Holds an exclusive lock on the data directory for the life of the process, so two brokers
 /// can never write the same logs.
 fn lock_data_dir(dir: &std::path::Path, name: &str) -> anyhow::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating data directory {}", dir.display()))?;
     let path = dir.join(name);
@@ -171,8 +176,8 @@ fn lock_data_dir(dir: &std::path::Path, name: &str) -> anyhow::Result<std::fs::F
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    // An flock: released by the kernel if the process dies.
+    if file.try_lock().is_err() {
         bail!("data directory {} is in use by another kaas process (lock {} is held); stop it, choose another --data-dir, or (cluster mode) another --broker-id", dir.display(), path.display());
     }
     Ok(file)
@@ -256,17 +261,52 @@ fn wait_for_free_port(addr: SocketAddr) -> anyhow::Result<()> {
 
 /// `kaas --help` ends with the consumer-group settings, which are read from the environment
 /// (`KAAS_GROUP_*`, one table in `kaas_shard::groups::config`) rather than taken as flags.
-fn group_settings_help() -> String {
-    let mut out =
-        String::from("Consumer-group settings (environment only; Kafka's name in brackets):\n");
+/// The group coordinator's settings as flags, one per entry of `groups::config::SETTINGS`
+/// (its Kafka name with dashes, its `KAAS_GROUP_*` variable, its range checked at start), plus
+/// the default server assignor. A bad value stops the broker with clap's message, as any flag.
+fn with_group_flags(cmd: clap::Command) -> clap::Command {
+    use clap::{value_parser, Arg};
+    let mut cmd = cmd.next_help_heading("Consumer groups (Kafka's broker config names)");
     for s in kaas_shard::groups::config::SETTINGS {
-        out.push_str(&format!(
-            "  {}  [{}] default {}, {}..={}: {}\n",
-            s.env, s.kafka_name, s.default, s.min, s.max, s.doc
-        ));
+        // clap keeps &'static names: these few strings live for the process anyway.
+        let long: &'static str = Box::leak(s.kafka_name.replace('.', "-").into_boxed_str());
+        cmd = cmd.arg(
+            Arg::new(s.kafka_name)
+                .long(long)
+                .env(s.env)
+                .value_parser(value_parser!(i64).range(s.min..=s.max))
+                .default_value(&*Box::leak(s.default.to_string().into_boxed_str()))
+                .help(format!("{} [{}]", s.doc, s.kafka_name)),
+        );
     }
-    out.push_str("  KAAS_GROUP_CONSUMER_ASSIGNOR  [group.consumer.assignors] default uniform: uniform, range or rack-aware\n");
-    out
+    cmd.arg(
+        Arg::new("group.consumer.assignors")
+            .long("group-consumer-assignor")
+            .env("KAAS_GROUP_CONSUMER_ASSIGNOR")
+            .value_parser(kaas_shard::groups::assignor::NAMES)
+            .default_value("uniform")
+            .help(
+                "The server assignor of KIP-848 members that name none [group.consumer.assignors]",
+            ),
+    )
+}
+
+/// The group settings the flags of [`with_group_flags`] chose.
+fn group_config(matches: &clap::ArgMatches) -> kaas_shard::groups::config::GroupConfig {
+    let values: Vec<(&'static str, i64)> = kaas_shard::groups::config::SETTINGS
+        .iter()
+        .map(|s| {
+            (
+                s.kafka_name,
+                *matches.get_one::<i64>(s.kafka_name).expect("has a default"),
+            )
+        })
+        .collect();
+    let assignor = matches
+        .get_one::<String>("group.consumer.assignors")
+        .expect("has a default")
+        .clone();
+    kaas_shard::groups::config::GroupConfig::from_values(&values, assignor)
 }
 
 fn main() {
@@ -280,10 +320,9 @@ fn main() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
-    let args = Args::command()
-        .after_help(group_settings_help())
-        .get_matches();
-    let args = Args::from_arg_matches(&args).unwrap_or_else(|e| e.exit());
+    let matches = with_group_flags(Args::command()).get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let group = group_config(&matches);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&args.log)
@@ -294,7 +333,7 @@ fn main() {
         // Kubernetes must stay greppable.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Err(e) = run(args) {
+    if let Err(e) = run(args, group) {
         tracing::error!("kaas failed to start: {e:#}");
         eprintln!("kaas: {e:#}");
         std::process::exit(1);
@@ -333,7 +372,7 @@ fn open_log_files_per_shard(flag: u64, fd_limit: u64, shards: usize) -> usize {
     ((total / shards.max(1) as u64) as usize).max(16)
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn run(args: Args, group: kaas_shard::groups::config::GroupConfig) -> anyhow::Result<()> {
     let fd_limit = raise_fd_limit();
     if fd_limit < 4096 {
         tracing::warn!(
@@ -390,6 +429,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             fd_limit,
             shards,
         ),
+        min_free_bytes: args.min_free_bytes,
+        group,
     };
     anyhow::ensure!(
         args.max_frame_bytes <= args.queued_max_request_bytes,
@@ -408,18 +449,21 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(lease) => Some(cluster_config(&args, lease, broker_id, &config)?),
         None => None,
     };
-    let view = Arc::new(match &cluster_config {
-        Some(_) => kaas_shard::cluster::ClusterView::cluster(
-            broker_id,
-            config.advertised_host.clone(),
-            config.advertised_port,
-        ),
-        None => kaas_shard::cluster::ClusterView::single(
-            broker_id,
-            config.advertised_host.clone(),
-            config.advertised_port,
-        ),
-    });
+    let view = Arc::new(
+        match &cluster_config {
+            Some(_) => kaas_shard::cluster::ClusterView::cluster(
+                broker_id,
+                config.advertised_host.clone(),
+                config.advertised_port,
+            ),
+            None => kaas_shard::cluster::ClusterView::single(
+                broker_id,
+                config.advertised_host.clone(),
+                config.advertised_port,
+            ),
+        }
+        .with_rack(args.rack.clone()),
+    );
     wait_for_free_port(args.listen)?;
     // Bind the health endpoint first so a port clash fails before any data is touched.
     let health = std::net::TcpListener::bind(args.health_listen)

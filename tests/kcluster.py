@@ -63,6 +63,7 @@ class Node:
               if self.cluster.auto_create else ["--auto-create-topics", "false"]),
             # KAAS_TEST_BROKER_LOG: a debug filter for a run that needs one.
             "--log", os.environ.get("KAAS_TEST_BROKER_LOG", "info"), *self.cluster.extra_args,
+            *(["--rack", self.cluster.racks[self.id]] if self.id < len(self.cluster.racks) else []),
         ]
 
     def start(self) -> None:
@@ -156,9 +157,11 @@ class Cluster:
     """N brokers sharing one data dir, with helpers to read the shared state."""
 
     def __init__(self, root: Path, n: int, extra_args=(), auto_create: int = 0,
-                 env: dict[str, str] | None = None):
-        """`auto_create`: create unknown topics with this many partitions (0: don't)."""
+                 env: dict[str, str] | None = None, racks: list[str] | None = None):
+        """`auto_create`: create unknown topics with this many partitions (0: don't);
+        `racks`: broker i's `--rack`."""
         self.auto_create = auto_create
+        self.racks = list(racks or [])
         self.env = dict(env or {})
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -307,8 +310,8 @@ def make_cluster(tmp_path):
     """Starts clusters for one test; every broker is killed at teardown."""
     made: list[Cluster] = []
 
-    def factory(n: int = 3, extra_args=()) -> Cluster:
-        c = Cluster(tmp_path / f"cluster{len(made)}", n, extra_args)
+    def factory(n: int = 3, extra_args=(), racks=None) -> Cluster:
+        c = Cluster(tmp_path / f"cluster{len(made)}", n, extra_args, racks=racks)
         made.append(c)
         _CLUSTERS.append(c)
         c.start()

@@ -320,3 +320,93 @@ def test_metadata_survives_restart(broker):
         assert watermarks(c, TopicPartition(dtopic, 0)) == (20, hi)
     finally:
         c.close()
+
+
+def test_kafkas_dynamic_broker_configs(broker_factory):
+    """Kafka's dynamic broker configs are accepted as in Kafka (librdkafka's 0081 sets
+    sasl.kerberos.min.time.before.relogin, which kaas refused with INVALID_CONFIG): ones kaas
+    has no equivalent for are stored and described, a malformed value is refused, and
+    max.connections.per.ip takes effect at once, survives a restart, and deleting it goes back
+    to the flag."""
+    import socket
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ResourceType
+    b = broker_factory()
+    a = admin(b.bootstrap)
+    [broker_id] = [str(i) for i in a.list_topics(timeout=10).brokers]
+    res = lambda *entries: ConfigResource(ResourceType.BROKER, broker_id, incremental_configs=list(entries))  # noqa: E731
+    futs = a.incremental_alter_configs([res(
+        ConfigEntry("sasl.kerberos.min.time.before.relogin", "58000",
+                    incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("background.threads", "9", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("ssl.keystore.password", "secret", incremental_operation=AlterConfigOpType.SET),
+    )])
+    for f in futs.values():
+        f.result(15)
+
+    def described():
+        [f] = a.describe_configs([ConfigResource(ResourceType.BROKER, broker_id)]).values()
+        return f.result(15)
+
+    cfg = described()
+    assert cfg["sasl.kerberos.min.time.before.relogin"].value == "58000"
+    assert cfg["background.threads"].value == "9"
+    assert cfg["ssl.keystore.password"].is_sensitive and cfg["ssl.keystore.password"].value is None
+
+    bad = a.incremental_alter_configs([res(ConfigEntry(
+        "background.threads", "many", incremental_operation=AlterConfigOpType.SET))])
+    with pytest.raises(KafkaException) as e:
+        for f in bad.values():
+            f.result(15)
+    assert e.value.args[0].code() == 40, e.value  # INVALID_CONFIG
+    assert described()["background.threads"].value == "9", "a refused change changes nothing"
+
+    def refused_after(limit_probe: int) -> int:
+        """Opens plain connections until one is closed at once; returns how many stayed open."""
+        socks = []
+        try:
+            for _ in range(limit_probe):
+                s = socket.create_connection((b.host, b.port), timeout=5)
+                socks.append(s)
+                s.settimeout(0.5)
+                try:
+                    if s.recv(1) == b"":
+                        return len(socks) - 1
+                except socket.timeout:
+                    pass
+            return len(socks)
+        finally:
+            for s in socks:
+                s.close()
+
+    for f in a.incremental_alter_configs([res(ConfigEntry(
+            "max.connections.per.ip", "4", incremental_operation=AlterConfigOpType.SET))]).values():
+        f.result(15)
+    time.sleep(0.5)
+    # The admin client holds one or two connections of the four.
+    held = refused_after(10)
+    assert 1 <= held <= 3, f"{held} more connections were admitted past max.connections.per.ip=4"
+    a = None
+    b.restart()
+    a = admin(b.bootstrap)
+    held = refused_after(10)
+    assert held <= 3, f"after a restart, {held} more connections were admitted past the limit"
+    for f in a.incremental_alter_configs([res(ConfigEntry(
+            "max.connections.per.ip", "", incremental_operation=AlterConfigOpType.DELETE))]).values():
+        f.result(15)
+    time.sleep(0.5)
+    assert refused_after(10) == 10, "deleting max.connections.per.ip went back to the flag"
+    assert described()["sasl.kerberos.min.time.before.relogin"].value == "58000"
+
+    # APPEND and SUBTRACT on a list start from the effective value, the default included, as in
+    # Kafka: librdkafka's 0081 appends and then subtracts "compact", and the broker's default
+    # stayed "compact", so every later topic refused keyless records (0081 ListOffsets, 0086).
+    for op, want in ((AlterConfigOpType.APPEND, "delete,compact"),
+                     (AlterConfigOpType.SUBTRACT, "delete")):
+        for f in a.incremental_alter_configs([res(ConfigEntry(
+                "log.cleanup.policy", "compact", incremental_operation=op))]).values():
+            f.result(15)
+        assert described()["log.cleanup.policy"].value == want, op
+    topic = unique_topic("after-subtract")
+    create_topic(b.bootstrap, topic, 1)
+    produce_plain(b.bootstrap, topic, [(None, b"keyless", None)], acks="all")

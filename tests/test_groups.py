@@ -412,6 +412,82 @@ def test_librdkafka_group_leave_and_death(broker, protocol):
         g.close()
 
 
+def test_bad_group_settings_stop_the_broker_with_a_reason(tmp_path):
+    """The group settings are typed flags (env KAAS_GROUP_*): an unknown default assignor or an
+    out-of-range timeout stops the broker at start and names the flag. Before, a bad
+    KAAS_GROUP_CONSUMER_ASSIGNOR was accepted silently and KIP-848 members then never got an
+    assignment, and a bad number was ignored with a warning."""
+    from conftest import kaas_bin
+    cases = [({"KAAS_GROUP_CONSUMER_ASSIGNOR": "ranged"}, [],
+              "invalid value 'ranged' for '--group-consumer-assignor"),
+             ({}, ["--group-consumer-session-timeout-ms", "0"],
+              "invalid value '0' for '--group-consumer-session-timeout-ms")]
+    for env, flags, message in cases:
+        r = subprocess.run([str(kaas_bin()), "--data-dir", str(tmp_path / "data"), *flags],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
+    assert not (tmp_path / "data").exists(), "nothing was started or written"
+
+
+def test_group_configs_override_the_broker_per_group(broker):
+    """Kafka 4's group configs (IncrementalAlterConfigs on the GROUP resource, as librdkafka's
+    0081 and kafka-configs --entity-type groups set them): set before the group exists, they are
+    described with source GROUP_CONFIG, a bad name or value is refused with INVALID_CONFIG, and
+    they govern the group: with consumer.session.timeout.ms=60000 a KIP-848 member SIGKILLed
+    keeps its partitions for a minute, where the module broker's 6 s session would have handed
+    them over within seconds."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource, ConfigSource, ResourceType)
+    topic = unique_topic("gcfg")
+    group = unique_topic("gcfg-group")
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    a = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+    def alter(*entries):
+        res = ConfigResource(ResourceType.GROUP, group, incremental_configs=list(entries))
+        for f in a.incremental_alter_configs([res]).values():
+            f.result(15)
+
+    def described():
+        [f] = a.describe_configs([ConfigResource(ResourceType.GROUP, group)]).values()
+        return f.result(15)
+
+    assert described()["consumer.session.timeout.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    alter(ConfigEntry("consumer.session.timeout.ms", "60000",
+                      incremental_operation=AlterConfigOpType.SET))
+    got = described()["consumer.session.timeout.ms"]
+    assert (got.value, got.source) == ("60000", ConfigSource.GROUP_CONFIG.value), got
+    for name, value in (("consumer.session.timeout.msx", "1"),
+                        ("consumer.heartbeat.interval.ms", "soon")):
+        with pytest.raises(KafkaException) as e:
+            alter(ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET))
+        assert e.value.args[0].code() == 40, e.value  # INVALID_CONFIG
+
+    g = RdGroup([rd_consumer(broker.bootstrap, group, "consumer")], topic)
+    child = ChildConsumer(broker.bootstrap, group, topic, "consumer")
+    try:
+        g.subscribe()
+        wait_until(lambda: covers(g.assignments() + [child.assignment], PARTITIONS)
+                   and child.assignment and all(g.assignments()), 60,
+                   "a split over two members", step=g.step)
+        orphaned = set(child.assignment)
+        child.kill()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            g.step()
+        mine = set(g.assignments()[0])
+        assert not (mine & orphaned), (
+            f"the survivor took {sorted(mine & orphaned)} within 15 s: the group's 60 s session "
+            "timeout was not applied")
+    finally:
+        child.close()
+        g.close()
+    alter(ConfigEntry("consumer.session.timeout.ms", "",
+                      incremental_operation=AlterConfigOpType.DELETE))
+    assert described()["consumer.session.timeout.ms"].value == "6000"
+
+
 def test_static_member_replaced_without_rebalance(broker):
     """A second classic consumer with the same group.instance.id takes over the first one's
     partitions in the same generation (no rebalance), and the first is fenced

@@ -43,54 +43,8 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
-/// A broker's id (`broker.id` / the StatefulSet ordinal), as Kafka clients see it in Metadata.
-///
-/// A newtype so a broker id is never confused with a partition index or a count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct BrokerId(pub i32);
-
-impl fmt::Display for BrokerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// One partition of one topic: the unit that has a leader.
-///
-/// Ordered by topic name, then partition, which is the order `assignment.json` lists them in
-/// and the order the planner walks them in.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TopicPartition {
-    /// Topic name.
-    pub topic: String,
-    /// Partition index within the topic, `0..partition_count`.
-    pub partition: i32,
-}
-
-impl TopicPartition {
-    /// A partition of `topic`.
-    pub fn new(topic: impl Into<String>, partition: i32) -> Self {
-        Self {
-            topic: topic.into(),
-            partition,
-        }
-    }
-}
-
-impl fmt::Display for TopicPartition {
-    /// Kafka's conventional `topic-partition` rendering, for logs.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.topic, self.partition)
-    }
-}
-
-/// Partition leadership: every partition and the broker that leads it.
-pub type Assignment = BTreeMap<TopicPartition, BrokerId>;
+pub use kaas_model::{BrokerId, LeaderMap, TopicPartition};
 
 /// The brokers that may lead partitions, each with its rack (zone) if it reported one.
 ///
@@ -130,7 +84,7 @@ pub struct BalanceStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BalancePlan {
     /// Every partition of every topic and its leader, an alive broker.
-    pub assignment: Assignment,
+    pub assignment: LeaderMap,
     /// What it took to get there.
     pub stats: BalanceStats,
 }
@@ -147,11 +101,11 @@ impl BalancePlanner {
     /// Partitions in `previous` that no longer exist (deleted topics, or indexes beyond the
     /// topic's count) are dropped. With no alive broker the assignment is empty — the
     /// controller always pins itself into `alive`, so in practice it never is.
-    pub fn plan(previous: &Assignment, alive: &AliveBrokers, topics: &TopicCounts) -> BalancePlan {
+    pub fn plan(previous: &LeaderMap, alive: &AliveBrokers, topics: &TopicCounts) -> BalancePlan {
         let mut stats = BalanceStats::default();
         if alive.is_empty() {
             return BalancePlan {
-                assignment: Assignment::new(),
+                assignment: LeaderMap::new(),
                 stats,
             };
         }
@@ -170,7 +124,7 @@ impl BalancePlanner {
     }
 
     /// [`BalancePlanner::plan`] without the statistics.
-    pub fn assign(previous: &Assignment, alive: &AliveBrokers, topics: &TopicCounts) -> Assignment {
+    pub fn assign(previous: &LeaderMap, alive: &AliveBrokers, topics: &TopicCounts) -> LeaderMap {
         Self::plan(previous, alive, topics).assignment
     }
 }
@@ -227,7 +181,7 @@ struct RackOp {
 
 impl Layout {
     /// Step 1: index the inputs and keep every partition whose previous leader is alive.
-    fn new(previous: &Assignment, alive: &AliveBrokers, topics: &TopicCounts) -> Self {
+    fn new(previous: &LeaderMap, alive: &AliveBrokers, topics: &TopicCounts) -> Self {
         let broker_index: BTreeMap<BrokerId, usize> =
             alive.keys().enumerate().map(|(i, b)| (*b, i)).collect();
         let rack_names: BTreeMap<Option<&str>, usize> = {
@@ -628,9 +582,9 @@ impl Layout {
     }
 
     /// The plan as `TopicPartition → BrokerId`, built in sorted order.
-    fn into_assignment(self, alive: &AliveBrokers, topics: &TopicCounts) -> Assignment {
+    fn into_assignment(self, alive: &AliveBrokers, topics: &TopicCounts) -> LeaderMap {
         let ids: Vec<BrokerId> = alive.keys().copied().collect();
-        let mut out = Assignment::new();
+        let mut out = LeaderMap::new();
         for (t, name) in topics.keys().enumerate() {
             for (index, p) in (self.topic_start[t]..self.topic_start[t + 1]).enumerate() {
                 let partition = i32::try_from(index).expect("partition count is an i32");
@@ -644,39 +598,4 @@ impl Layout {
     }
 }
 
-/// FNV-1a, 32-bit, over `bytes`: the group-coordinator hash. Every broker and the controller
-/// must agree on it bit for bit, so it is spelled out here rather than taken from a crate whose
-/// output could change.
-pub fn fnv1a_32(bytes: &[u8]) -> u32 {
-    const OFFSET_BASIS: u32 = 0x811c_9dc5;
-    const PRIME: u32 = 0x0100_0193;
-    bytes.iter().fold(OFFSET_BASIS, |hash, &byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(PRIME)
-    })
-}
-
-/// The coordinator of consumer group `group_id`.
-///
-/// `FNV-1a-32(group id bytes) mod |registered|` indexes the registered brokers sorted by id —
-/// the *full* list, dead rows included, so losing one broker moves only the groups it
-/// coordinated rather than reshuffling every group. When that broker is not alive, the answer
-/// walks forward through the sorted list (wrapping) to the first alive broker, which every
-/// caller computes the same way. If none is alive the hashed broker is returned as is, so the
-/// answer stays deterministic. `None` only when no broker is registered.
-pub fn coordinator_for_group(
-    group_id: &str,
-    registered: &[BrokerId],
-    is_alive: impl Fn(BrokerId) -> bool,
-) -> Option<BrokerId> {
-    let mut sorted = registered.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    if sorted.is_empty() {
-        return None;
-    }
-    let start = fnv1a_32(group_id.as_bytes()) as usize % sorted.len();
-    (0..sorted.len())
-        .map(|k| sorted[(start + k) % sorted.len()])
-        .find(|&b| is_alive(b))
-        .or(Some(sorted[start]))
-}
+pub use kaas_model::{coordinator_for_group, fnv1a_32};

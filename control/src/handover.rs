@@ -144,9 +144,9 @@ pub fn lost_leadership(prev: &Assignment, next: &Assignment) -> BTreeSet<BrokerI
 
 /// The previous leadership the balancer should keep stable: published leaders, and for
 /// partitions in flight the broker they are going to.
-pub fn planning_base(previous: Option<&Assignment>) -> balancer::Assignment {
+pub fn planning_base(previous: Option<&Assignment>) -> balancer::LeaderMap {
     let Some(prev) = previous else {
-        return balancer::Assignment::new();
+        return balancer::LeaderMap::new();
     };
     let mut base = prev.partitions.clone();
     for m in &prev.pending {
@@ -164,17 +164,17 @@ pub fn planning_base(previous: Option<&Assignment>) -> balancer::Assignment {
 /// nobody takes them.
 pub fn next_leadership(
     previous: Option<&Assignment>,
-    desired: &balancer::Assignment,
+    desired: &balancer::LeaderMap,
     next_key: (u64, u64),
     standing: impl Fn(BrokerId) -> Standing,
     timing: &Timing,
-) -> (balancer::Assignment, Vec<PendingMove>) {
-    let empty = balancer::Assignment::new();
+) -> (balancer::LeaderMap, Vec<PendingMove>) {
+    let empty = balancer::LeaderMap::new();
     let published = previous.map_or(&empty, |p| &p.partitions);
     let in_flight: BTreeMap<TopicPartition, &PendingMove> = previous
         .map(|p| p.pending.iter().map(|m| (m.tp(), m)).collect())
         .unwrap_or_default();
-    let mut partitions = balancer::Assignment::new();
+    let mut partitions = balancer::LeaderMap::new();
     let mut pending = Vec::new();
     for (tp, &want) in desired {
         // The broker that may still be acknowledging writes for `tp`, and the file from which
@@ -239,7 +239,7 @@ mod tests {
         a
     }
 
-    fn desired(leaders: &[(i32, i32)]) -> balancer::Assignment {
+    fn desired(leaders: &[(i32, i32)]) -> balancer::LeaderMap {
         leaders
             .iter()
             .map(|(p, l)| (tp(*p), BrokerId(*l)))

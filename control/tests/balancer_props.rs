@@ -4,15 +4,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use kaas_control::balancer::{
-    coordinator_for_group, fnv1a_32, AliveBrokers, Assignment, BalancePlan, BalancePlanner,
-    BrokerId, TopicCounts, TopicPartition,
+    coordinator_for_group, fnv1a_32, AliveBrokers, BalancePlan, BalancePlanner, BrokerId,
+    LeaderMap, TopicCounts, TopicPartition,
 };
 use proptest::prelude::*;
 
 /// One balancer input: previous assignment, alive brokers with racks, topics.
 #[derive(Debug, Clone)]
 struct Scenario {
-    previous: Assignment,
+    previous: LeaderMap,
     alive: AliveBrokers,
     topics: TopicCounts,
 }
@@ -59,7 +59,7 @@ fn sized_scenario(
                     (BrokerId(id), rack)
                 })
                 .collect();
-            let mut previous = Assignment::new();
+            let mut previous = LeaderMap::new();
             for ((name, &count), leaders) in topics.iter().zip(&leaders) {
                 let stale = usize::try_from(count).unwrap_or(0) + 2;
                 for (i, leader) in leaders.iter().enumerate().take(stale) {
@@ -84,7 +84,7 @@ fn partition_count(topics: &TopicCounts) -> usize {
 }
 
 /// Partitions per alive broker, zero included.
-fn totals(assignment: &Assignment, alive: &AliveBrokers) -> BTreeMap<BrokerId, usize> {
+fn totals(assignment: &LeaderMap, alive: &AliveBrokers) -> BTreeMap<BrokerId, usize> {
     let mut out: BTreeMap<BrokerId, usize> = alive.keys().map(|&b| (b, 0)).collect();
     for b in assignment.values() {
         *out.get_mut(b).expect("leader is alive") += 1;
@@ -94,7 +94,7 @@ fn totals(assignment: &Assignment, alive: &AliveBrokers) -> BTreeMap<BrokerId, u
 
 /// Partitions of `topic` per alive broker, zero included.
 fn topic_totals(
-    assignment: &Assignment,
+    assignment: &LeaderMap,
     alive: &AliveBrokers,
     topic: &str,
 ) -> BTreeMap<BrokerId, usize> {
@@ -114,7 +114,7 @@ fn spread(counts: &BTreeMap<BrokerId, usize>) -> usize {
 }
 
 /// Partitions whose previous leader is alive and which still exist: what step 1 keeps.
-fn inherited(s: &Scenario) -> Assignment {
+fn inherited(s: &Scenario) -> LeaderMap {
     s.previous
         .iter()
         .filter(|(tp, b)| {
@@ -127,7 +127,7 @@ fn inherited(s: &Scenario) -> Assignment {
         .collect()
 }
 
-fn inherited_moved(s: &Scenario, out: &Assignment) -> usize {
+fn inherited_moved(s: &Scenario, out: &LeaderMap) -> usize {
     inherited(s)
         .iter()
         .filter(|(tp, b)| out.get(*tp) != Some(*b))
@@ -148,7 +148,7 @@ fn min_inherited_moves_for_cluster_balance(s: &Scenario) -> usize {
     over.iter().map(|k| k - q).sum::<usize>() - r.min(over.len())
 }
 
-fn assert_complete(s: &Scenario, out: &Assignment) {
+fn assert_complete(s: &Scenario, out: &LeaderMap) {
     let expected: BTreeSet<TopicPartition> = s
         .topics
         .iter()
@@ -195,7 +195,7 @@ proptest! {
     // The same inputs give the same plan.
     #[test]
     fn plan_is_deterministic(s in scenario(5, true)) {
-        let reversed: Assignment = s.previous.iter().rev().map(|(k, v)| (k.clone(), *v)).collect();
+        let reversed: LeaderMap = s.previous.iter().rev().map(|(k, v)| (k.clone(), *v)).collect();
         let again = BalancePlanner::plan(&reversed, &s.alive.clone(), &s.topics.clone());
         prop_assert_eq!(s.plan(), again);
     }
@@ -252,7 +252,7 @@ proptest! {
         let alive = alive(&ids.iter().copied().collect::<Vec<_>>());
         let brokers: Vec<BrokerId> = alive.keys().copied().collect();
         let mut topics = TopicCounts::new();
-        let mut previous = Assignment::new();
+        let mut previous = LeaderMap::new();
         let mut cursor = start;
         for (i, &count) in counts.iter().enumerate() {
             let name = format!("t{i}");
@@ -345,7 +345,7 @@ proptest! {
 #[test]
 fn twelve_partitions_over_three_brokers_is_four_each() {
     let alive = alive(&[0, 1, 2]);
-    let plan = BalancePlanner::plan(&Assignment::new(), &alive, &topics(&[("orders", 12)]));
+    let plan = BalancePlanner::plan(&LeaderMap::new(), &alive, &topics(&[("orders", 12)]));
     let counts = totals(&plan.assignment, &alive);
     assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![4, 4, 4]);
     assert_eq!(plan.stats.placed, 12);
@@ -354,7 +354,7 @@ fn twelve_partitions_over_three_brokers_is_four_each() {
 // With no alive broker the assignment is empty rather than a panic.
 #[test]
 fn no_alive_broker_gives_an_empty_assignment() {
-    let previous: Assignment = [(TopicPartition::new("a", 0), BrokerId(1))].into();
+    let previous: LeaderMap = [(TopicPartition::new("a", 0), BrokerId(1))].into();
     let plan = BalancePlanner::plan(&previous, &AliveBrokers::new(), &topics(&[("a", 3)]));
     assert!(plan.assignment.is_empty());
 }
@@ -362,7 +362,7 @@ fn no_alive_broker_gives_an_empty_assignment() {
 // Deleted topics and shrunk partition counts drop out; new partitions are placed.
 #[test]
 fn stale_partitions_are_dropped() {
-    let previous: Assignment = [
+    let previous: LeaderMap = [
         (TopicPartition::new("gone", 0), BrokerId(0)),
         (TopicPartition::new("a", 0), BrokerId(0)),
         (TopicPartition::new("a", 5), BrokerId(1)),
@@ -381,7 +381,7 @@ fn racks_on_a_fresh_cluster() {
         .map(|i| (BrokerId(i), Some(format!("zone-{}", i % 3))))
         .collect();
     let out = BalancePlanner::assign(
-        &Assignment::new(),
+        &LeaderMap::new(),
         &alive,
         &topics(&[("a", 3), ("b", 3), ("c", 7), ("d", 1)]),
     );
@@ -450,10 +450,10 @@ fn coordinator_moves_only_groups_of_the_dead_broker() {
 
 fn timed(
     label: &str,
-    previous: &Assignment,
+    previous: &LeaderMap,
     alive: &AliveBrokers,
     topics: &TopicCounts,
-) -> Assignment {
+) -> LeaderMap {
     let started = Instant::now();
     let plan = BalancePlanner::plan(previous, alive, topics);
     let elapsed = started.elapsed();
@@ -485,7 +485,7 @@ fn ten_thousand_partitions_over_twenty_brokers() {
         let tag = if racks { "racks" } else { "no racks" };
         let fresh = timed(
             &format!("fresh, {tag}"),
-            &Assignment::new(),
+            &LeaderMap::new(),
             &brokers,
             &topics,
         );
@@ -497,7 +497,7 @@ fn ten_thousand_partitions_over_twenty_brokers() {
             &survivors,
             &topics,
         );
-        let everything_on_one: Assignment =
+        let everything_on_one: LeaderMap =
             fresh.keys().map(|tp| (tp.clone(), BrokerId(0))).collect();
         timed(
             &format!("scale-out 1 -> 20, {tag}"),

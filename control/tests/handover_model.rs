@@ -488,7 +488,7 @@ impl World {
                         .is_some_and(|(seen, _)| now.saturating_sub(*seen) <= RELEASE_MS)
             })
             .collect();
-        let desired: balancer::Assignment = (0..PARTITIONS)
+        let desired: balancer::LeaderMap = (0..PARTITIONS)
             .map(|p| {
                 let pick = (choice as usize / (p as usize + 1) + p as usize) % alive.len();
                 (tp(p), BrokerId(alive[pick]))

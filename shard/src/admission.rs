@@ -1,5 +1,6 @@
-//! What the broker lets in: connections (`--max-connections`, `--max-connections-per-ip`) and
-//! memory for request bodies (`--queued-max-request-bytes`), broker-wide.
+//! What the broker lets in: connections (`--max-connections`, `--max-connections-per-ip`),
+//! memory for request bodies (`--queued-max-request-bytes`), and produced bytes while the data
+//! volume has room (`--min-free-bytes`, see [`crate::disk`]), broker-wide.
 //!
 //! One [`Admission`] is shared by every shard (it is the only broker-wide state a connection
 //! touches). Its counters are atomics; the per-address connection counts sit behind a mutex
@@ -44,7 +45,11 @@ pub struct Limits {
 /// Broker-wide admission state (see the module docs).
 #[derive(Debug)]
 pub struct Admission {
-    limits: Limits,
+    /// The limits the flags set; `connections` and `connections_per_ip` can be changed at run
+    /// time (Kafka's dynamic `max.connections` and `max.connections.per.ip`), the atomics below.
+    flags: Limits,
+    connections: AtomicUsize,
+    connections_per_ip: AtomicUsize,
     reserved: AtomicUsize,
     open: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
@@ -59,6 +64,8 @@ pub struct Admission {
     /// Connections closed because a request body stopped arriving
     /// (`--request-progress-timeout-ms`).
     pub closed_slow: AtomicU64,
+    /// The data volume's free space and the produce floor.
+    pub disk: Arc<crate::disk::DiskSpace>,
 }
 
 /// Why a connection was not admitted.
@@ -71,12 +78,14 @@ pub enum Refusal {
 }
 
 impl Admission {
-    pub fn new(limits: Limits) -> Arc<Admission> {
+    pub fn new(limits: Limits, disk: Arc<crate::disk::DiskSpace>) -> Arc<Admission> {
         assert!(
             limits.request_bytes > 0 && limits.connections > 0 && limits.connections_per_ip > 0
         );
         Arc::new(Admission {
-            limits,
+            flags: limits,
+            connections: AtomicUsize::new(limits.connections),
+            connections_per_ip: AtomicUsize::new(limits.connections_per_ip),
             reserved: AtomicUsize::new(0),
             open: AtomicUsize::new(0),
             per_ip: Mutex::new(HashMap::new()),
@@ -85,26 +94,41 @@ impl Admission {
             memory_waits: AtomicU64::new(0),
             closed_idle: AtomicU64::new(0),
             closed_slow: AtomicU64::new(0),
+            disk,
         })
     }
 
+    /// The limits in force now.
     pub fn limits(&self) -> Limits {
-        self.limits
+        Limits {
+            request_bytes: self.flags.request_bytes,
+            connections: self.connections.load(Ordering::Acquire),
+            connections_per_ip: self.connections_per_ip.load(Ordering::Acquire),
+        }
+    }
+
+    /// Applies the dynamic `max.connections` / `max.connections.per.ip` (None: back to the
+    /// flag). Connections already open stay open, as in Kafka; only new ones are held to it.
+    pub fn set_connection_limits(&self, connections: Option<usize>, per_ip: Option<usize>) {
+        let connections = connections.unwrap_or(self.flags.connections).max(1);
+        let per_ip = per_ip.unwrap_or(self.flags.connections_per_ip).max(1);
+        self.connections.store(connections, Ordering::Release);
+        self.connections_per_ip.store(per_ip, Ordering::Release);
     }
 
     /// Whether another connection may be accepted now (broker-wide limit).
     pub fn has_room(&self) -> bool {
-        self.open.load(Ordering::Acquire) < self.limits.connections
+        self.open.load(Ordering::Acquire) < self.connections.load(Ordering::Acquire)
     }
 
     /// Admits a connection from `ip`; the permit gives the slot back when dropped.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnPermit, Refusal> {
         let mut per_ip = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-        if self.open.load(Ordering::Acquire) >= self.limits.connections {
+        if self.open.load(Ordering::Acquire) >= self.connections.load(Ordering::Acquire) {
             return Err(Refusal::Full);
         }
         let n = per_ip.entry(ip).or_insert(0);
-        if *n >= self.limits.connections_per_ip {
+        if *n >= self.connections_per_ip.load(Ordering::Acquire) {
             self.refused_per_ip.fetch_add(1, Ordering::Relaxed);
             return Err(Refusal::PerIp);
         }
@@ -131,7 +155,7 @@ impl Admission {
         let mut current = self.reserved.load(Ordering::Acquire);
         loop {
             let next = current.checked_add(bytes)?;
-            if next > self.limits.request_bytes {
+            if next > self.flags.request_bytes {
                 return None;
             }
             match self.reserved.compare_exchange_weak(
@@ -206,6 +230,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn no_floor() -> Arc<crate::disk::DiskSpace> {
+        crate::disk::DiskSpace::new(&std::env::temp_dir(), Some(0)).unwrap()
+    }
+
     fn limits() -> Limits {
         Limits {
             request_bytes: 1000,
@@ -216,7 +244,7 @@ mod tests {
 
     #[test]
     fn the_budget_is_never_exceeded_and_comes_back() {
-        let a = Admission::new(limits());
+        let a = Admission::new(limits(), no_floor());
         let r1 = a.try_reserve(600).unwrap();
         assert!(a.try_reserve(500).is_none());
         let r2 = a.try_reserve(400).unwrap();
@@ -230,7 +258,7 @@ mod tests {
 
     #[test]
     fn connections_per_ip_and_in_all() {
-        let a = Admission::new(limits());
+        let a = Admission::new(limits(), no_floor());
         let ip1: IpAddr = "127.0.0.1".parse().unwrap();
         let ip2: IpAddr = "127.0.0.2".parse().unwrap();
         let c1 = a.admit(ip1).unwrap();
@@ -250,7 +278,7 @@ mod tests {
         // and everything reserved comes back.
         #[test]
         fn reservations_never_exceed_the_budget(ops in proptest::collection::vec((0usize..600, any::<bool>()), 1..200)) {
-            let a = Admission::new(limits());
+            let a = Admission::new(limits(), no_floor());
             let mut held = Vec::new();
             for (bytes, release) in ops {
                 if release && !held.is_empty() {

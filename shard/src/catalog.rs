@@ -123,10 +123,16 @@ pub struct Catalog {
     /// Dynamic broker configs (Kafka's names, e.g. `log.retention.ms`), set through
     /// AlterConfigs on the broker resource; they are the defaults of topic configs.
     broker_configs: ArcSwap<BTreeMap<String, String>>,
+    /// Per-group configs (Kafka 4's GROUP resource, e.g. `consumer.session.timeout.ms`), by
+    /// group id; see `groups::config::GROUP_SETTINGS`.
+    group_configs: ArcSwap<GroupConfigs>,
     /// The bytes of `topics.json` at the last [`Catalog::reload`]: an unchanged file is not
     /// parsed again (the reload runs every second on every broker of a cluster).
     reloaded_topics: Mutex<Vec<u8>>,
 }
+
+/// Group id → that group's config overrides.
+pub type GroupConfigs = BTreeMap<String, BTreeMap<String, String>>;
 
 fn store_json<T: Serialize>(path: &Path, value: &T) -> Result<(), CatalogError> {
     let bytes = serde_json::to_vec_pretty(value).expect("catalog serializes");
@@ -163,7 +169,6 @@ struct FileLock(std::fs::File);
 
 impl FileLock {
     fn take(dir: &Path) -> Result<FileLock, CatalogError> {
-        use std::os::fd::AsRawFd;
         let path = dir.join("catalog.lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -171,19 +176,15 @@ impl FileLock {
             .write(true)
             .open(&path)
             .map_err(|e| storage_error(&path, e))?;
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(storage_error(&path, std::io::Error::last_os_error()));
-        }
+        file.lock().map_err(|e| storage_error(&path, e))?;
         Ok(FileLock(file))
     }
 }
 
 impl Drop for FileLock {
     fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: unlocking a descriptor we own.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        // Closing the file would release it too; unlocking first says so explicitly.
+        let _ = self.0.unlock();
     }
 }
 
@@ -214,8 +215,11 @@ impl Catalog {
         let cluster_id = meta.cluster_id.clone();
         let broker_configs: BTreeMap<String, String> =
             load_json(&dir.join("broker-configs.json"))?.unwrap_or_default();
+        let group_configs: GroupConfigs =
+            load_json(&dir.join("group-configs.json"))?.unwrap_or_default();
         Ok(Catalog {
             broker_configs: ArcSwap::from_pointee(broker_configs),
+            group_configs: ArcSwap::from_pointee(group_configs),
             dir,
             table: ArcSwap::from_pointee(table),
             admin: Mutex::new(meta),
@@ -255,7 +259,13 @@ impl Catalog {
         if configs_changed {
             self.broker_configs.store(Arc::new(configs));
         }
-        Ok(changed || configs_changed)
+        let groups: GroupConfigs =
+            load_json(&self.dir.join("group-configs.json"))?.unwrap_or_default();
+        let groups_changed = *self.group_configs.load_full() != groups;
+        if groups_changed {
+            self.group_configs.store(Arc::new(groups));
+        }
+        Ok(changed || configs_changed || groups_changed)
     }
 
     pub fn cluster_id(&self) -> &str {
@@ -423,6 +433,41 @@ impl Catalog {
         let _lock = FileLock::take(&self.dir)?;
         store_json(&self.dir.join("broker-configs.json"), &configs)?;
         self.broker_configs.store(Arc::new(configs));
+        Ok(())
+    }
+
+    /// Every group's config overrides. Lock-free.
+    pub fn group_configs(&self) -> Arc<GroupConfigs> {
+        self.group_configs.load_full()
+    }
+
+    /// Replaces group `group`'s config overrides (an empty map removes them), after checking
+    /// every one (`groups::config::validate_group_setting`).
+    pub fn set_group_configs(
+        &self,
+        group: &str,
+        configs: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<(), CatalogError> {
+        for (k, v) in &configs {
+            crate::groups::config::validate_group_setting(k, v)
+                .map_err(CatalogError::InvalidConfig)?;
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let _lock = FileLock::take(&self.dir)?;
+        // Read from the volume, not the snapshot: another broker may have changed another group.
+        let path = self.dir.join("group-configs.json");
+        let mut all: GroupConfigs = load_json(&path)?.unwrap_or_default();
+        if configs.is_empty() {
+            all.remove(group);
+        } else {
+            all.insert(group.to_string(), configs);
+        }
+        store_json(&path, &all)?;
+        self.group_configs.store(Arc::new(all));
         Ok(())
     }
 

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use kaas_control::assignment::{Assignment, Health};
-use kaas_control::balancer::BrokerId;
+use kaas_model::BrokerId;
+use kaas_model::{Assignment, Health};
 
 /// One broker as Metadata and DescribeCluster show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +111,9 @@ pub struct ClusterView {
     /// The Lease holder's broker id as last read (-1: not known yet). Kept apart from the
     /// assignment: it is known from the first Lease read, before any assignment is accepted.
     lease_holder: std::sync::atomic::AtomicI32,
+    /// This broker's `--rack`: what Metadata reports for it on a single node, and the rack
+    /// every partition is read from there.
+    rack: Option<String>,
 }
 
 impl ClusterView {
@@ -126,7 +129,14 @@ impl ClusterView {
             base: Instant::now(),
             draining: AtomicBool::new(false),
             lease_holder: std::sync::atomic::AtomicI32::new(-1),
+            rack: None,
         }
+    }
+
+    /// This broker's rack (`--rack`).
+    pub fn with_rack(mut self, rack: Option<String>) -> Self {
+        self.rack = rack;
+        self
     }
 
     /// The view of a cluster member before its first assignment: it leads nothing and may not
@@ -175,6 +185,27 @@ impl ClusterView {
             .filter(|l| *l >= 0)
     }
 
+    /// The rack of the broker leading a partition, for the rack-aware assignor: from the
+    /// assignment's broker rows in cluster mode (`None` while the partition is in handover);
+    /// this broker's `--rack` on a single node.
+    pub fn leader_rack(&self, topic: &str, partition: i32) -> Option<String> {
+        if !self.enabled {
+            return self.rack.clone();
+        }
+        // One snapshot for both lookups: a heartbeat asks this for every subscribed partition.
+        let state = self.state.load();
+        let leader = *state
+            .leaders
+            .get(topic)?
+            .get(usize::try_from(partition).ok()?)?;
+        state
+            .assignment
+            .as_ref()?
+            .broker(BrokerId(leader))?
+            .rack
+            .clone()
+    }
+
     /// The controller's id: this broker in single-node mode; in cluster mode the Lease
     /// holder, when the broker list this view reports contains it. Otherwise (no Lease read
     /// yet, or an assignment written before the controller's own row) this broker names
@@ -210,7 +241,7 @@ impl ClusterView {
             id: self.me,
             host: self.advertised.0.clone(),
             port: self.advertised.1,
-            rack: None,
+            rack: self.rack.clone(),
             fenced: false,
         };
         if !self.enabled {
@@ -316,8 +347,8 @@ impl ClusterView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kaas_control::assignment::BrokerEntry;
-    use kaas_control::balancer::{BrokerId, TopicPartition};
+    use kaas_model::BrokerEntry;
+    use kaas_model::{BrokerId, TopicPartition};
 
     // A write checked under one term is acknowledged only if the fence stayed open: a fence
     // that closed and was reopened by a later acknowledgement does not count (a controller may

@@ -33,6 +33,11 @@ pub struct BrokerConfig {
     /// shards): past it, the least recently used idle partition logs are closed, and reopened
     /// on their next use (a closed log's saved index and producer state make that quick).
     pub open_log_files_per_shard: usize,
+    /// Produce is refused while the data volume has less free space than this
+    /// (`--min-free-bytes`; None: 5% of the volume, at most 1 GiB; see [`crate::disk`]).
+    pub min_free_bytes: Option<u64>,
+    /// The group coordinator's settings (`--group-*` flags).
+    pub group: crate::groups::config::GroupConfig,
 }
 
 impl BrokerConfig {
@@ -59,6 +64,8 @@ impl BrokerConfig {
             connections_max_idle_ms: 600_000,
             request_progress_timeout_ms: 30_000,
             open_log_files_per_shard: 10_000,
+            min_free_bytes: Some(0),
+            group: Default::default(),
         }
     }
 }

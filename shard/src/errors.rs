@@ -86,6 +86,7 @@ pub const INVALID_REQUEST: i16 = E::InvalidRequest.code();
 pub const INVALID_RECORD: i16 = E::InvalidRecord.code();
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
 pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();
+pub const INVALID_GROUP_ID: i16 = E::InvalidGroupId.code();
 pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
 pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
 pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();

@@ -12,6 +12,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod config;
 mod conn;
+pub mod disk;
 pub mod errors;
 pub mod groups;
 mod handlers;
@@ -88,7 +89,27 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
     })?;
     let catalog = Arc::new(Catalog::open(&config.data_dir)?);
     let config = Arc::new(config);
-    let admission = Admission::new(config.limits);
+    let disk = disk::DiskSpace::new(&config.data_dir, config.min_free_bytes).map_err(|e| {
+        StartError::Shard {
+            shard: 0,
+            reason: format!(
+                "reading the free space of data directory {}: {e}",
+                config.data_dir.display()
+            ),
+        }
+    })?;
+    // Space held back for metadata writes on a volume someone else filled (kaas_storage::ballast).
+    let ballast = config.data_dir.join("__meta").join("ballast");
+    if let Err(e) = kaas_storage::ballast::install(
+        &ballast,
+        kaas_storage::ballast::size_for(disk.total()),
+        disk.free().saturating_sub(disk.min_free()),
+    ) {
+        tracing::warn!(path = %ballast.display(), error = %e, "could not write the emergency ballast; a volume filled by another process could block metadata writes");
+    }
+    let admission = Admission::new(config.limits, disk);
+    let (connections, per_ip) = topic_config::connection_limits(&catalog.broker_configs());
+    admission.set_connection_limits(connections, per_ip);
     let nshards = config.shards.max(1);
     let probes: Vec<Arc<ShardProbe>> = (0..nshards)
         .map(|_| Arc::new(ShardProbe::default()))
@@ -240,7 +261,7 @@ async fn serve_control(
                 // serving set either way, which is what the handover needs.
                 let _ = done.send(Vec::new());
             }
-            ControlMsg::ConfigsChanged => shard.apply_all_topic_configs(),
+            ControlMsg::ConfigsChanged => shard.apply_dynamic_configs(),
             ControlMsg::ReleaseGroups { done } => {
                 let view = shard.cluster.clone();
                 let me = view.me();

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::catalog::{Catalog, TopicMeta};
 use crate::cluster::ClusterView;
 use crate::config::BrokerConfig;
-use crate::groups::{GroupConfig, GroupManager};
+use crate::groups::GroupManager;
 use crate::mesh::Peers;
 use crate::probe::ShardProbe;
 use crate::topic_config;
@@ -21,10 +21,7 @@ use crate::topic_config;
 /// name, mixed with the partition) over the shard count. Stable across restarts so a partition
 /// always comes back to the same core.
 pub fn owner_shard(topic: &str, partition: i32, shards: usize) -> usize {
-    let h = kaas_control::balancer::fnv1a_32(topic.as_bytes());
-    // Consecutive partitions of one topic should land on different shards.
-    let mixed = (h as u64).wrapping_add(partition as u64);
-    (mixed % shards.max(1) as u64) as usize
+    kaas_model::partition_shard(topic, partition, shards)
 }
 
 /// A partition slot: the open log, or nothing yet. `opening` makes concurrent first requests
@@ -87,7 +84,7 @@ impl Shard {
             id,
             config.shards,
             &config.data_dir,
-            GroupConfig::from_env(),
+            config.group.clone(),
             cluster.enabled(),
         );
         Shard {
@@ -372,6 +369,17 @@ impl Shard {
         let opened = PartitionLog::open(dir, self.log_config(topic), epoch).await;
         self.opening_logs.set(self.opening_logs.get() - 1);
         let log = opened?;
+        if self.catalog.snapshot().by_id(topic.id).is_none() {
+            // The topic was deleted while this open ran (or the caller's view of it predates
+            // the delete, as a background pass's snapshot does). Its close already passed this
+            // slot by, so a log kept now would hold the deleted files' descriptors and space
+            // for the broker's life (a full-disk test found 48 MiB pinned that way).
+            self.partitions.borrow_mut().remove(&key);
+            if let Err(e) = log.close().await {
+                tracing::debug!(shard = self.id, topic = %topic.name, partition, error = %e, "closing the log of a topic deleted while it opened");
+            }
+            return Err(StorageError::Closed);
+        }
         *slot.log.borrow_mut() = Some(log.clone());
         self.probe
             .partitions_open
@@ -454,9 +462,12 @@ impl Shard {
         }
     }
 
-    /// Re-applies every topic's effective configs to the open logs on this shard (after the
-    /// broker's dynamic defaults changed).
-    pub fn apply_all_topic_configs(&self) {
+    /// Applies the dynamic broker configs after they changed: the connection limits (shared by
+    /// every shard; each applying them is harmless), and every topic's effective configs to the
+    /// open logs on this shard.
+    pub fn apply_dynamic_configs(&self) {
+        let (connections, per_ip) = topic_config::connection_limits(&self.catalog.broker_configs());
+        self.admission.set_connection_limits(connections, per_ip);
         for topic in self.catalog.snapshot().topics.values() {
             self.apply_topic_config(topic);
         }

@@ -13,6 +13,8 @@ pub enum ConfigType {
     Long = 5,
     Double = 6,
     List = 7,
+    /// Described as sensitive: without its value.
+    Password = 9,
 }
 
 /// One topic config we understand.
@@ -356,7 +358,7 @@ pub fn validate(name: &str, value: &str) -> Result<(), String> {
                 ));
             }
         }
-        ConfigType::String | ConfigType::List => {
+        ConfigType::String | ConfigType::List | ConfigType::Password => {
             if !def.one_of.is_empty() && !def.one_of.contains(&value) {
                 return Err(format!(
                     "Invalid value {value} for configuration {name}: expected one of {:?}",
@@ -397,13 +399,139 @@ pub fn topic_key_for_broker(name: &str) -> Option<&'static str> {
         .map(|(_, t)| *t)
 }
 
-/// Validates a dynamic broker config by the rules of the topic config it sets.
+/// Kafka's other dynamic broker configs (its `DynamicBrokerConfig`): security, thread pools,
+/// connection quotas, the log cleaner, metric reporters, replication throttles. kaas has no
+/// equivalent of them (no SASL or SSL listener, no thread pools, no replicas: the
+/// connection limits are [`CONNECTION_LIMITS`]), so it accepts and stores them as Kafka does,
+/// for the tools and tests that set them (librdkafka's 0081 sets
+/// `sasl.kerberos.min.time.before.relogin`), DescribeConfigs reports them, and they change
+/// nothing. Refusing them made `kafka-configs --alter` scripts written for Kafka fail.
+pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType)] = &[
+    ("advertised.listeners", ConfigType::String),
+    ("background.threads", ConfigType::Int),
+    ("follower.replication.throttled.rate", ConfigType::Long),
+    ("leader.replication.throttled.rate", ConfigType::Long),
+    ("listener.security.protocol.map", ConfigType::String),
+    ("listeners", ConfigType::String),
+    ("log.cleaner.backoff.ms", ConfigType::Long),
+    ("log.cleaner.dedupe.buffer.size", ConfigType::Long),
+    ("log.cleaner.io.buffer.load.factor", ConfigType::Double),
+    ("log.cleaner.io.buffer.size", ConfigType::Int),
+    ("log.cleaner.io.max.bytes.per.second", ConfigType::Double),
+    ("log.cleaner.threads", ConfigType::Int),
+    ("max.connection.creation.rate", ConfigType::Int),
+    ("max.connections.per.ip.overrides", ConfigType::String),
+    ("metric.reporters", ConfigType::List),
+    ("num.io.threads", ConfigType::Int),
+    ("num.network.threads", ConfigType::Int),
+    ("num.recovery.threads.per.data.dir", ConfigType::Int),
+    ("num.replica.fetchers", ConfigType::Int),
+    ("producer.id.expiration.ms", ConfigType::Int),
+    (
+        "replica.alter.log.dirs.io.max.bytes.per.second",
+        ConfigType::Long,
+    ),
+    ("sasl.enabled.mechanisms", ConfigType::List),
+    ("sasl.jaas.config", ConfigType::Password),
+    ("sasl.kerberos.kinit.cmd", ConfigType::String),
+    ("sasl.kerberos.min.time.before.relogin", ConfigType::Long),
+    ("sasl.kerberos.principal.to.local.rules", ConfigType::List),
+    ("sasl.kerberos.service.name", ConfigType::String),
+    ("sasl.kerberos.ticket.renew.jitter", ConfigType::Double),
+    (
+        "sasl.kerberos.ticket.renew.window.factor",
+        ConfigType::Double,
+    ),
+    ("sasl.login.refresh.buffer.seconds", ConfigType::Int),
+    ("sasl.login.refresh.min.period.seconds", ConfigType::Int),
+    ("sasl.login.refresh.window.factor", ConfigType::Double),
+    ("sasl.login.refresh.window.jitter", ConfigType::Double),
+    ("ssl.cipher.suites", ConfigType::List),
+    ("ssl.client.auth", ConfigType::String),
+    ("ssl.enabled.protocols", ConfigType::List),
+    ("ssl.endpoint.identification.algorithm", ConfigType::String),
+    ("ssl.key.password", ConfigType::Password),
+    ("ssl.keymanager.algorithm", ConfigType::String),
+    ("ssl.keystore.certificate.chain", ConfigType::String),
+    ("ssl.keystore.key", ConfigType::Password),
+    ("ssl.keystore.location", ConfigType::String),
+    ("ssl.keystore.password", ConfigType::Password),
+    ("ssl.keystore.type", ConfigType::String),
+    ("ssl.protocol", ConfigType::String),
+    ("ssl.provider", ConfigType::String),
+    ("ssl.secure.random.implementation", ConfigType::String),
+    ("ssl.trustmanager.algorithm", ConfigType::String),
+    ("ssl.truststore.certificates", ConfigType::String),
+    ("ssl.truststore.location", ConfigType::String),
+    ("ssl.truststore.password", ConfigType::Password),
+    ("ssl.truststore.type", ConfigType::String),
+    (
+        "transaction.partition.verification.enable",
+        ConfigType::Boolean,
+    ),
+];
+
+/// Kafka's dynamic connection limits, which kaas applies at run time in place of
+/// `--max-connections` and `--max-connections-per-ip` (deleting one goes back to the flag).
+pub const CONNECTION_LIMITS: [&str; 2] = ["max.connections", "max.connections.per.ip"];
+
+/// The dynamic (`max.connections`, `max.connections.per.ip`) set in `broker`, if any.
+pub fn connection_limits(broker: &BTreeMap<String, String>) -> (Option<usize>, Option<usize>) {
+    let get = |k: &str| broker.get(k).and_then(|v| v.parse::<usize>().ok());
+    (get(CONNECTION_LIMITS[0]), get(CONNECTION_LIMITS[1]))
+}
+
+/// The type of a dynamic broker config kaas accepts without effect, if `name` is one.
+pub fn accepted_without_effect(name: &str) -> Option<ConfigType> {
+    BROKER_ACCEPTED_WITHOUT_EFFECT
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, k)| *k)
+}
+
+/// Validates a dynamic broker config: one that sets a topic default by that topic config's
+/// rules, one accepted without effect by its type.
 pub fn validate_broker(name: &str, value: &str) -> Result<(), String> {
+    if let Some(kind) = accepted_without_effect(name) {
+        return validate_type(name, value, kind);
+    }
+    if CONNECTION_LIMITS.contains(&name) {
+        return match value.parse::<i32>() {
+            Ok(n) if n >= 1 => Ok(()),
+            _ => Err(format!(
+                "Invalid value {value} for configuration {name}: expected an int of at least 1"
+            )),
+        };
+    }
     let topic_key = topic_key_for_broker(name).ok_or_else(|| {
-        let known: Vec<&str> = BROKER_DEFAULTS.iter().map(|(b, _)| *b).collect();
-        format!("Broker config {name} cannot be changed at run time in kaas; dynamic broker configs are: {}", known.join(", "))
+        format!("Unknown broker config {name}: kaas changes topic defaults ({}) and the connection limits at run time, and accepts Kafka's other dynamic broker configs without effect", BROKER_DEFAULTS.iter().map(|(b, _)| *b).collect::<Vec<_>>().join(", "))
     })?;
     validate(topic_key, value).map_err(|e| e.replace(topic_key, name))
+}
+
+/// A value's syntax by its type alone (no ranges: Kafka's own ranges for the settings kaas
+/// accepts without effect do not matter here).
+fn validate_type(name: &str, value: &str, kind: ConfigType) -> Result<(), String> {
+    let ok = match kind {
+        ConfigType::Int => value.parse::<i32>().is_ok(),
+        ConfigType::Long => value.parse::<i64>().is_ok(),
+        ConfigType::Double => value.parse::<f64>().is_ok(),
+        ConfigType::Boolean => matches!(value, "true" | "false"),
+        ConfigType::String | ConfigType::List | ConfigType::Password => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "Invalid value {value} for configuration {name}: expected {}",
+            match kind {
+                ConfigType::Int => "an int",
+                ConfigType::Long => "a long",
+                ConfigType::Double => "a number",
+                _ => "true or false",
+            }
+        ))
+    }
 }
 
 /// Where a topic config's effective value comes from (DescribeConfigs `config_source`).

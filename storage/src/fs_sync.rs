@@ -83,8 +83,12 @@ pub fn filesystem_syncs() -> u64 {
 pub(crate) async fn sync_filesystem(dir: &Path) -> Result<(), StorageError> {
     let group = GROUP.with(Rc::clone);
     if group.dir.borrow().is_none() {
-        let file = std::fs::File::open(dir)
-            .map_err(|e| StorageError::io("opening the data directory for syncfs", dir, e))?;
+        // The data directory itself (partition directories are `<data>/<topic>~<id>/<n>`), not
+        // the partition's: a deleted topic's directory held open for the shard's life would
+        // show up as a leaked deleted file.
+        let root = dir.ancestors().nth(2).unwrap_or(dir);
+        let file = std::fs::File::open(root)
+            .map_err(|e| StorageError::io("opening the data directory for syncfs", root, e))?;
         *group.dir.borrow_mut() = Some(Arc::new(file));
     }
     let (tx, rx) = futures::channel::oneshot::channel();

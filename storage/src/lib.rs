@@ -13,6 +13,7 @@
 //! completed. One sync serves every waiter whose write completed before it started (group
 //! commit); a `syncfs` serves the waiters of every partition on the shard.
 
+pub mod ballast;
 mod codec;
 mod compaction;
 pub mod divergence;

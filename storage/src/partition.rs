@@ -596,7 +596,7 @@ impl PartitionLog {
             return Err(StorageError::io(
                 "writing segment",
                 &path,
-                format!("short write: {written} of {total} bytes"),
+                format!("short write: {written} of {total} bytes (is the volume full?)"),
             ));
         }
         {
@@ -1615,7 +1615,7 @@ impl PartitionLog {
                 return Err(StorageError::io(
                     "writing cleaned segment",
                     &tmp,
-                    format!("short write: {n} of {len} bytes"),
+                    format!("short write: {n} of {len} bytes (is the volume full?)"),
                 ));
             }
         }

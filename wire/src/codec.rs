@@ -151,3 +151,30 @@ pub fn encode_request(header: &RequestHeader, body: &RequestKind) -> Result<Byte
     out[0..4].copy_from_slice(&len.to_be_bytes());
     Ok(out.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The allocator the broker runs with (see `crate::alloc`): the decoders' lying lengths
+    // must cost nothing under it.
+    #[global_allocator]
+    static ALLOCATOR: crate::alloc::GuardedAlloc = crate::alloc::GuardedAlloc;
+
+    // Found by the `request` fuzz target (fuzz/): 14 bytes whose array length made the decoder
+    // ask for 13 GB, and with i32::MAX elements for 189 GB, which the kernel refuses and Rust
+    // answers by aborting the process. The frame must be refused as malformed, and nothing
+    // more.
+    #[test]
+    fn a_lying_array_length_is_malformed_not_an_abort() {
+        for len in [0x0900_0100u32, i32::MAX as u32] {
+            let mut frame = vec![0x00, 0x2c, 0x00, 0x00, 0x00, 0x80, 0x00, 0x00, 0x00, 0x00];
+            frame.extend_from_slice(&len.to_be_bytes());
+            let err = decode_request(Bytes::from(frame)).err();
+            assert!(
+                matches!(err, Some(WireError::Malformed { api_key: 44, .. })),
+                "{err:?}"
+            );
+        }
+    }
+}

@@ -2,10 +2,12 @@
 //!
 //! Owns: request/response framing ([`frame`]), the registry of API versions we serve
 //! ([`versions`]), request decoding and response encoding ([`codec`]), and the bounds-checked
-//! record-batch header peeks ([`batch`]) that let the broker treat record data as opaque bytes.
+//! record-batch header peeks ([`batch`]) that let the broker treat record data as opaque bytes,
+//! and the allocator guard for the decoders' untrusted lengths ([`alloc`]).
 //! Runs on any thread: shards call it on their own core; `kaas-bench`, fuzzers and tests call it
 //! directly. Nothing here reads a socket or a file.
 
+pub mod alloc;
 pub mod batch;
 pub mod codec;
 pub mod error;

@@ -1,9 +1,10 @@
 //! Group coordinator settings, with Kafka's broker config names.
 //!
 //! Each setting is declared once in [`SETTINGS`]: Kafka name, environment variable, default,
-//! allowed range and a doc string. [`GroupConfig::default`] takes the defaults;
-//! [`GroupConfig::from_env`] overlays `KAAS_GROUP_*` environment variables so a deployment (and
-//! the tests) can change them before the binary grows flags for them.
+//! allowed range and a doc string. The binary turns every entry into a typed flag
+//! (`--group-min-session-timeout-ms`, env `KAAS_GROUP_MIN_SESSION_TIMEOUT_MS`, range-checked
+//! at start like every other flag) and builds the [`GroupConfig`] with
+//! [`GroupConfig::from_values`]; [`GroupConfig::default`] takes the defaults.
 
 use super::assignor::RackAwareWeights;
 
@@ -97,6 +98,82 @@ pub const SETTINGS: &[Setting] = &[
     },
 ];
 
+/// One of Kafka 4's group configs (the GROUP config resource): its per-group name, the broker
+/// setting of [`SETTINGS`] it overrides for that group (whose range it keeps), and the field of
+/// [`GroupConfig`] it sets.
+pub struct GroupSetting {
+    pub name: &'static str,
+    pub broker: &'static str,
+    get: fn(&GroupConfig) -> i64,
+    set: fn(&mut GroupConfig, i64),
+}
+
+/// Every group config. The rack-aware weights are kaas's own: so is the assignor.
+pub const GROUP_SETTINGS: &[GroupSetting] = &[
+    GroupSetting {
+        name: "consumer.session.timeout.ms",
+        broker: "group.consumer.session.timeout.ms",
+        get: |c| c.consumer_session_timeout_ms as i64,
+        set: |c, v| c.consumer_session_timeout_ms = v as i32,
+    },
+    GroupSetting {
+        name: "consumer.heartbeat.interval.ms",
+        broker: "group.consumer.heartbeat.interval.ms",
+        get: |c| c.consumer_heartbeat_interval_ms as i64,
+        set: |c, v| c.consumer_heartbeat_interval_ms = v as i32,
+    },
+    GroupSetting {
+        name: "consumer.rack.aware.traffic.weight",
+        broker: "group.consumer.rack.aware.traffic.weight",
+        get: |c| c.rack_aware_weights.traffic as i64,
+        set: |c, v| c.rack_aware_weights.traffic = v as u32,
+    },
+    GroupSetting {
+        name: "consumer.rack.aware.overlap.weight",
+        broker: "group.consumer.rack.aware.overlap.weight",
+        get: |c| c.rack_aware_weights.overlap as i64,
+        set: |c, v| c.rack_aware_weights.overlap = v as u32,
+    },
+];
+
+impl GroupSetting {
+    /// The broker setting this overrides (its range and doc).
+    pub fn broker_setting(&self) -> &'static Setting {
+        SETTINGS
+            .iter()
+            .find(|s| s.kafka_name == self.broker)
+            .expect("every group setting overrides a declared broker setting")
+    }
+}
+
+/// The group config called `name`, if there is one.
+pub fn group_setting(name: &str) -> Option<&'static GroupSetting> {
+    GROUP_SETTINGS.iter().find(|g| g.name == name)
+}
+
+/// Checks one group config: a known name, an integer within its broker setting's range.
+pub fn validate_group_setting(name: &str, value: &str) -> Result<(), String> {
+    let s = group_setting(name)
+        .ok_or_else(|| {
+            format!(
+                "Unknown group config name: {name}. Group configs are: {}",
+                GROUP_SETTINGS
+                    .iter()
+                    .map(|g| g.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?
+        .broker_setting();
+    match value.trim().parse::<i64>() {
+        Ok(v) if (s.min..=s.max).contains(&v) => Ok(()),
+        _ => Err(format!(
+            "Invalid value {value} for configuration {name}: expected an integer in [{}, {}]",
+            s.min, s.max
+        )),
+    }
+}
+
 /// The group coordinator's settings as the shards use them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupConfig {
@@ -122,7 +199,9 @@ fn get(values: &[(&'static str, i64)], kafka_name: &str) -> i64 {
 }
 
 impl GroupConfig {
-    fn from_values(values: &[(&'static str, i64)], default_assignor: String) -> GroupConfig {
+    /// The settings from `(kafka_name, value)` pairs covering every entry of [`SETTINGS`] (the
+    /// binary's flags, which checked the ranges) and the default assignor's name.
+    pub fn from_values(values: &[(&'static str, i64)], default_assignor: String) -> GroupConfig {
         GroupConfig {
             min_session_timeout_ms: get(values, "group.min.session.timeout.ms") as i32,
             max_session_timeout_ms: get(values, "group.max.session.timeout.ms") as i32,
@@ -140,41 +219,33 @@ impl GroupConfig {
         }
     }
 
-    /// Defaults overlaid with `KAAS_GROUP_*` environment variables. A value that does not
-    /// parse or is out of range is ignored with a warning, so a typo cannot stop the broker.
-    pub fn from_env() -> GroupConfig {
-        let lookup = |name: &str| std::env::var(name).ok();
-        Self::from_lookup(lookup)
+    /// These settings with one group's overrides (Kafka's group configs) applied. Values were
+    /// validated when stored; one that no longer parses is ignored.
+    pub fn for_group(
+        &self,
+        overrides: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> GroupConfig {
+        let mut c = self.clone();
+        for (name, value) in overrides.into_iter().flatten() {
+            if let (Some(g), Ok(v)) = (group_setting(name), value.trim().parse::<i64>()) {
+                (g.set)(&mut c, v);
+            }
+        }
+        c
     }
 
-    /// Like [`GroupConfig::from_env`] with an explicit lookup (tests).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> GroupConfig {
-        let values: Vec<(&'static str, i64)> = SETTINGS
-            .iter()
-            .map(|s| {
-                let v = match lookup(s.env).map(|v| v.trim().parse::<i64>()) {
-                    Some(Ok(v)) if (s.min..=s.max).contains(&v) => v,
-                    Some(_) => {
-                        tracing::warn!(
-                            setting = s.kafka_name,
-                            env = s.env,
-                            min = s.min,
-                            max = s.max,
-                            "ignoring an invalid value; using the default {}",
-                            s.default
-                        );
-                        s.default
-                    }
-                    None => s.default,
-                };
-                (s.kafka_name, v)
-            })
-            .collect();
-        let assignor = lookup("KAAS_GROUP_CONSUMER_ASSIGNOR")
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "uniform".to_string());
-        Self::from_values(&values, assignor)
+    /// The effective value of group config `name` under `overrides`, and whether the group
+    /// sets it (DescribeConfigs); None for a name that is not a group config.
+    pub fn group_value(
+        &self,
+        name: &str,
+        overrides: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Option<(i64, bool)> {
+        let g = group_setting(name)?;
+        Some((
+            (g.get)(&self.for_group(overrides)),
+            overrides.is_some_and(|o| o.contains_key(name)),
+        ))
     }
 }
 
@@ -202,17 +273,61 @@ mod tests {
         assert_eq!(c.default_assignor, "uniform");
     }
 
-    // Environment overrides apply when valid and are ignored when out of range.
+    // Values given for the settings are the ones used.
     #[test]
-    fn overrides() {
-        let c = GroupConfig::from_lookup(|k| match k {
-            "KAAS_GROUP_INITIAL_REBALANCE_DELAY_MS" => Some("0".into()),
-            "KAAS_GROUP_CONSUMER_SESSION_TIMEOUT_MS" => Some("-5".into()),
-            "KAAS_GROUP_CONSUMER_ASSIGNOR" => Some("range".into()),
-            _ => None,
-        });
+    fn from_values() {
+        let values: Vec<(&'static str, i64)> = SETTINGS
+            .iter()
+            .map(|s| {
+                (
+                    s.kafka_name,
+                    if s.kafka_name == "group.initial.rebalance.delay.ms" {
+                        0
+                    } else {
+                        s.default
+                    },
+                )
+            })
+            .collect();
+        let c = GroupConfig::from_values(&values, "range".into());
         assert_eq!(c.initial_rebalance_delay_ms, 0);
         assert_eq!(c.consumer_session_timeout_ms, 45_000);
         assert_eq!(c.default_assignor, "range");
+    }
+
+    // A group's configs override the broker's settings for that group only, within the broker
+    // setting's range; unknown names are refused.
+    #[test]
+    fn group_configs() {
+        let broker = GroupConfig::default();
+        let mut o = std::collections::BTreeMap::new();
+        o.insert(
+            "consumer.session.timeout.ms".to_string(),
+            "60000".to_string(),
+        );
+        o.insert(
+            "consumer.rack.aware.traffic.weight".to_string(),
+            "1000".to_string(),
+        );
+        let c = broker.for_group(Some(&o));
+        assert_eq!(c.consumer_session_timeout_ms, 60_000);
+        assert_eq!(c.rack_aware_weights.traffic, 1000);
+        assert_eq!(
+            c.consumer_heartbeat_interval_ms,
+            broker.consumer_heartbeat_interval_ms
+        );
+        assert_eq!(
+            broker.group_value("consumer.session.timeout.ms", Some(&o)),
+            Some((60_000, true))
+        );
+        assert_eq!(
+            broker.group_value("consumer.session.timeout.ms", None),
+            Some((45_000, false))
+        );
+        assert_eq!(broker.group_value("session.timeout.ms", None), None);
+        assert!(validate_group_setting("consumer.heartbeat.interval.ms", "5000").is_ok());
+        assert!(validate_group_setting("consumer.heartbeat.interval.ms", "0").is_err());
+        assert!(validate_group_setting("consumer.heartbeat.interval.ms", "x").is_err());
+        assert!(validate_group_setting("share.session.timeout.ms", "45000").is_err());
     }
 }

@@ -99,6 +99,9 @@ pub type AssignFn<'a> =
 pub struct HeartbeatEnv<'a> {
     pub now: Instant,
     pub topics: &'a Arc<TopicTable>,
+    /// The rack of the broker that leads a partition (the cluster view Metadata serves), for
+    /// the rack-aware assignor; `None` when unknown (no racks, single node, in handover).
+    pub leader_rack: &'a dyn Fn(&str, i32) -> Option<String>,
     pub session_timeout_ms: i32,
     pub default_assignor: &'a str,
     pub assign: AssignFn<'a>,
@@ -179,6 +182,11 @@ pub struct ConsumerGroup {
     owners: HashMap<(Uuid, i32), String>,
     /// Subscribed topics that exist: name -> (id, partition count). A change bumps the epoch.
     subscription_metadata: BTreeMap<String, (Uuid, i32)>,
+    /// Subscribed topic -> each partition's leader rack, kept only while some member has a
+    /// rack (nothing else uses it). A leader moving to another rack changes it and bumps the
+    /// epoch, so locality does not go stale; the rack-aware assignor's overlap weight keeps
+    /// the new target close to the old one.
+    partition_racks: BTreeMap<String, Vec<Option<String>>>,
     /// Regex -> compiled pattern and the topics it matched in `resolved_for`.
     regexes: HashMap<String, (regex::Regex, BTreeSet<String>)>,
     resolved_for: Option<Arc<TopicTable>>,
@@ -198,6 +206,7 @@ impl ConsumerGroup {
             target: BTreeMap::new(),
             owners: HashMap::new(),
             subscription_metadata: BTreeMap::new(),
+            partition_racks: BTreeMap::new(),
             regexes: HashMap::new(),
             resolved_for: None,
             static_members: HashMap::new(),
@@ -291,6 +300,31 @@ impl ConsumerGroup {
         out
     }
 
+    /// Each subscribed partition's leader rack, when some member has a rack. A partition whose
+    /// leader is unknown for the moment (in handover) keeps the rack it had: a move then changes
+    /// the map once, when the new leader is known, rather than twice.
+    fn compute_partition_racks(
+        &self,
+        env: &HeartbeatEnv<'_>,
+    ) -> BTreeMap<String, Vec<Option<String>>> {
+        if !self.members.values().any(|m| m.rack_id.is_some()) {
+            return BTreeMap::new();
+        }
+        self.subscription_metadata
+            .iter()
+            .map(|(t, (_, count))| {
+                let before = self.partition_racks.get(t);
+                let racks = (0..*count)
+                    .map(|p| {
+                        (env.leader_rack)(t, p)
+                            .or_else(|| before.and_then(|b| b.get(p as usize).cloned().flatten()))
+                    })
+                    .collect();
+                (t.clone(), racks)
+            })
+            .collect()
+    }
+
     /// The assignor most members ask for; the default when none asks.
     fn preferred_assignor(&self, default: &str) -> String {
         let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
@@ -325,7 +359,13 @@ impl ConsumerGroup {
                     TopicSpec {
                         name: n.clone(),
                         partitions: *p,
-                        partition_racks: Vec::new(),
+                        partition_racks: self
+                            .partition_racks
+                            .get(n)
+                            .map(|racks| {
+                                racks.iter().map(|r| r.iter().cloned().collect()).collect()
+                            })
+                            .unwrap_or_default(),
                     },
                 )
             })
@@ -559,6 +599,11 @@ impl ConsumerGroup {
         let metadata = self.compute_subscription_metadata(env.topics);
         if metadata != self.subscription_metadata {
             self.subscription_metadata = metadata;
+            bump = true;
+        }
+        let racks = self.compute_partition_racks(env);
+        if racks != self.partition_racks {
+            self.partition_racks = racks;
             bump = true;
         }
         if bump {
@@ -917,6 +962,7 @@ mod tests {
             session_timeout_ms: 45_000,
             default_assignor: "uniform",
             assign: &round_robin,
+            leader_rack: &|_, _| None,
         }
     }
 

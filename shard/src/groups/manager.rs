@@ -13,7 +13,7 @@ use std::time::Instant;
 use futures::channel::oneshot;
 use glommio::sync::Semaphore;
 
-use super::assignor::{self, GroupAssignment, MemberSpec, TopicSpec};
+use super::assignor::{self, GroupAssignment, MemberSpec, RackAwareWeights, TopicSpec};
 use super::classic::{ClassicGroup, ClassicState};
 use super::consumer::ConsumerGroup;
 use super::offsets::{self, OffsetLog, OffsetRecord, OffsetTable, GROUP_ID_FILE};
@@ -237,14 +237,10 @@ impl GroupManager {
             .write(true)
             .open(dir.join(CLAIM_FILE))
             .map_err(storage)?;
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: flock on a descriptor we own; no memory is involved.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                return Err(GroupError::LoadInProgress(format!(
-                    "group {group_id} is still held by its previous coordinator"
-                )));
-            }
+        if lock.try_lock().is_err() {
+            return Err(GroupError::LoadInProgress(format!(
+                "group {group_id} is still held by its previous coordinator"
+            )));
         }
         if self.claims.borrow().contains_key(group_id) {
             return Ok(()); // claimed concurrently by another request on this shard
@@ -525,10 +521,11 @@ impl GroupManager {
     pub fn run_assignor(
         &self,
         name: &str,
+        weights: RackAwareWeights,
         members: &[MemberSpec],
         topics: &BTreeMap<String, TopicSpec>,
     ) -> Option<GroupAssignment> {
-        let a = assignor::by_name(name, self.config.rack_aware_weights)?;
+        let a = assignor::by_name(name, weights)?;
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.assign(members, topics))) {
             Ok(r) => Some(r),
             Err(_) => {

@@ -8,7 +8,7 @@
 //! between shards; requests for a group reach its shard through `mesh::on_shard`.
 //!
 //! Which *broker* coordinates a group is a separate, pure decision: the SPEC's FNV-1a rule in
-//! `kaas_control::balancer::coordinator_for_group`, read through the cluster view
+//! `kaas_model::coordinator_for_group`, read through the cluster view
 //! (`crate::cluster::ClusterView::coordinator`); in single-node mode it is always this broker.
 
 pub mod assignor;
@@ -41,11 +41,11 @@ pub async fn run_coordinator(shard: std::rc::Rc<crate::shard::Shard>) {
 /// as `shard::owner_shard` for partitions, so a group always comes back to the same core and
 /// its state needs no cross-shard lock.
 pub fn owner_shard(group_id: &str, shards: usize) -> usize {
-    (fnv1a_32(group_id.as_bytes()) as u64 % shards.max(1) as u64) as usize
+    kaas_model::group_shard(group_id, shards)
 }
 
 /// FNV-1a, 32 bits: the one implementation, shared with the coordinator rule.
-pub use kaas_control::balancer::fnv1a_32;
+pub use kaas_model::fnv1a_32;
 
 #[cfg(test)]
 mod tests {

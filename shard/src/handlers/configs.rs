@@ -3,7 +3,9 @@
 //! Topic configs use Kafka's names and defaults (`topic_config`). Broker settings from flags
 //! and environment are reported read-only; the broker configs that set topic defaults
 //! (`log.retention.ms`, `log.segment.bytes`, ... see `topic_config::BROKER_DEFAULTS`) can be
-//! changed at run time and are stored with the topic catalog.
+//! changed at run time and are stored with the topic catalog, as are `max.connections` and
+//! `max.connections.per.ip`; Kafka's other dynamic broker configs are accepted and stored
+//! without effect (`topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT`).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -21,12 +23,15 @@ use kaas_wire::kafka_protocol::protocol::StrBytes;
 use super::admin::{broadcast_topic_config, SOURCE_DEFAULT};
 use crate::catalog::CatalogError;
 use crate::errors;
+use crate::groups::config::GROUP_SETTINGS;
 use crate::shard::Shard;
 use crate::topic_config::{self, ConfigType, TOPIC_CONFIGS};
 
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+const RESOURCE_GROUP: i8 = 32;
 const SOURCE_STATIC_BROKER: i8 = 4;
+const SOURCE_DYNAMIC_GROUP: i8 = 8;
 
 const OP_SET: i8 = 0;
 const OP_DELETE: i8 = 1;
@@ -111,6 +116,36 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                             })
                         })
                         .collect();
+                    // Kafka's dynamic broker configs kaas stores without effect: reported as
+                    // set, and sensitive ones without their value, as Kafka does.
+                    configs.extend(broker_dynamic.iter().filter(|(n, _)| wanted(n)).filter_map(
+                        |(n, v)| {
+                            let limit = topic_config::CONNECTION_LIMITS.contains(&n.as_str());
+                            let kind = match topic_config::accepted_without_effect(n) {
+                                Some(kind) => kind,
+                                None if limit => ConfigType::Int,
+                                None => return None,
+                            };
+                            let mut e = entry(
+                                n,
+                                v,
+                                topic_config::Source::DynamicBrokerDefault as i8,
+                                kind,
+                                false,
+                                req.include_documentation.then_some(if limit {
+                                    "Set at run time; replaces the flag of the same name \
+                                         for new connections."
+                                } else {
+                                    "A Kafka dynamic broker config that kaas accepts and \
+                                         stores for compatibility; it has no effect in kaas."
+                                }),
+                            );
+                            if kind == ConfigType::Password {
+                                e = e.with_value(None).with_is_sensitive(true);
+                            }
+                            Some(e)
+                        },
+                    ));
                     configs.extend(
                         broker_configs(shard)
                             .into_iter()
@@ -118,6 +153,34 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                             .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None)),
                     );
                     base.with_configs(configs)
+                }
+                RESOURCE_GROUP => {
+                    // Every group config, for a group that exists or not (as Kafka: the
+                    // configs of a group id can be set before its first member joins).
+                    let all = shard.catalog.group_configs();
+                    let overrides = all.get(r.resource_name.as_str());
+                    let cfg = &shard.groups.config;
+                    base.with_configs(
+                        GROUP_SETTINGS
+                            .iter()
+                            .filter(|g| wanted(g.name))
+                            .filter_map(|g| {
+                                let (v, set) = cfg.group_value(g.name, overrides)?;
+                                Some(entry(
+                                    g.name,
+                                    &v.to_string(),
+                                    if set {
+                                        SOURCE_DYNAMIC_GROUP
+                                    } else {
+                                        SOURCE_DEFAULT
+                                    },
+                                    ConfigType::Int,
+                                    false,
+                                    req.include_documentation.then(|| g.broker_setting().doc),
+                                ))
+                            })
+                            .collect(),
+                    )
                 }
                 other => base
                     .with_error_code(errors::INVALID_REQUEST)
@@ -238,10 +301,31 @@ async fn apply_broker(
         super::per_partition(
             shard,
             everyone,
-            |s, ()| async move { s.apply_all_topic_configs() },
+            |s, ()| async move { s.apply_dynamic_configs() },
             (),
         )
         .await;
+    }
+    Ok(())
+}
+
+/// Replaces a group's configs. They take effect at the group's next heartbeat on this broker
+/// (and within the catalog reload, about a second, on the others of a cluster).
+fn apply_group(
+    shard: &Rc<Shard>,
+    group: &str,
+    configs: BTreeMap<String, String>,
+    validate_only: bool,
+) -> Result<(), (i16, String)> {
+    if group.is_empty() {
+        return Err((errors::INVALID_GROUP_ID, "The group id is empty".into()));
+    }
+    shard
+        .catalog
+        .set_group_configs(group, configs.clone(), validate_only)
+        .map_err(|e| (errors::catalog(&e), e.to_string()))?;
+    if !validate_only {
+        tracing::info!(group, ?configs, "altered group configs");
     }
     Ok(())
 }
@@ -266,6 +350,9 @@ pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> Alter
             }
             RESOURCE_BROKER => {
                 apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only).await
+            }
+            RESOURCE_GROUP => {
+                apply_group(shard, r.resource_name.as_str(), configs, req.validate_only)
             }
             other => Err(unsupported_resource(other)),
         };
@@ -320,12 +407,36 @@ pub async fn incremental_alter_configs(
             },
             RESOURCE_BROKER => {
                 let current = shard.catalog.broker_configs();
+                // APPEND and SUBTRACT start from the effective value, the default included, as
+                // in Kafka: APPEND compact to log.cleanup.policy gives "delete,compact", and
+                // SUBTRACT compact then "delete" (starting from nothing left the broker's
+                // default at "compact" for every later topic: librdkafka's 0081 then 0086).
                 match apply_ops(&current, &r.configs, |m, name| {
-                    m.get(name).cloned().unwrap_or_default()
+                    m.get(name).cloned().unwrap_or_else(|| {
+                        topic_config::topic_key_for_broker(name)
+                            .and_then(topic_config::lookup)
+                            .map(|d| d.default.to_string())
+                            .unwrap_or_default()
+                    })
                 }) {
                     Ok(configs) => {
                         apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only)
                             .await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            RESOURCE_GROUP => {
+                let all = shard.catalog.group_configs();
+                let current = all
+                    .get(r.resource_name.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                match apply_ops(&current, &r.configs, |m, name| {
+                    m.get(name).cloned().unwrap_or_default()
+                }) {
+                    Ok(configs) => {
+                        apply_group(shard, r.resource_name.as_str(), configs, req.validate_only)
                     }
                     Err(e) => Err(e),
                 }

@@ -1295,15 +1295,21 @@ pub async fn consumer_group_heartbeat(
             consumer::validate(&args, version, |n| s.groups.known_assignor(n))?;
             let group = s.groups.get_or_create(&gid);
             let topics = s.catalog.snapshot();
-            let cfg = &s.groups.config;
-            let assign =
-                |name: &str, m: &[_], t: &BTreeMap<_, _>| s.groups.run_assignor(name, m, t);
+            // The broker's group settings with this group's configs (Kafka's GROUP resource).
+            let cfg = s
+                .groups
+                .config
+                .for_group(s.catalog.group_configs().get(&gid));
+            let assign = |name: &str, m: &[_], t: &BTreeMap<_, _>| {
+                s.groups.run_assignor(name, cfg.rack_aware_weights, m, t)
+            };
             let env = HeartbeatEnv {
                 now: Instant::now(),
                 topics: &topics,
                 session_timeout_ms: cfg.consumer_session_timeout_ms,
                 default_assignor: &cfg.default_assignor,
                 assign: &assign,
+                leader_rack: &|t, p| s.cluster.leader_rack(t, p),
             };
             let r = with_consumer(&group, |c| c.heartbeat(args, &env))?;
             Ok((r, cfg.consumer_heartbeat_interval_ms))
@@ -1653,6 +1659,7 @@ mod tests {
             session_timeout_ms: 45_000,
             default_assignor: "uniform",
             assign: &assign,
+            leader_rack: &|_, _| None,
         };
         cg.heartbeat(
             HeartbeatArgs {

@@ -2,6 +2,7 @@
 //! answer only after the group-commit fsync that covers the write.
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -257,6 +258,30 @@ async fn produce_partition(
             });
         }
     }
+    if let Some(free) = shard.admission.disk.below_floor() {
+        // The space below the floor is kept for the broker's metadata (see crate::disk).
+        shard.admission.disk.refused.fetch_add(1, Ordering::Relaxed);
+        let floor = shard.admission.disk.min_free();
+        crate::ratelog::limited("produce refused: volume nearly full", |suppressed| {
+            tracing::error!(
+                data_dir = %shard.config.data_dir.display(),
+                free_bytes = free,
+                min_free_bytes = floor,
+                suppressed,
+                "the data volume is nearly full: produce is refused with KAFKA_STORAGE_ERROR \
+                 until free space is above --min-free-bytes again; free space by deleting \
+                 topics or records, lowering retention, or growing the volume"
+            )
+        });
+        return Appended::Done(PartResult {
+            error_message: Some(format!(
+                "The data volume of broker {} has {free} bytes free, below its \
+                 --min-free-bytes of {floor}: produce is refused until space is freed",
+                shard.config.broker_id
+            )),
+            ..PartResult::error(errors::KAFKA_STORAGE_ERROR)
+        });
+    }
     let log_append_time_ms = rules.log_append_time.then(now_ms);
     // Cluster mode: only the leader writes, and only while its write fence is open (see
     // kaas_control::handover); both are checked again before acknowledging.
@@ -280,14 +305,22 @@ async fn produce_partition(
         Ok(o) => o,
         Err(e) => {
             if matches!(e, kaas_storage::StorageError::Io { .. }) {
-                tracing::error!(topic = %meta.name, partition, error = %e, "append failed");
+                // Once per interval: a full or failing disk fails every append.
+                crate::ratelog::limited("append failed", |suppressed| {
+                    tracing::error!(topic = %meta.name, partition, error = %e, suppressed,
+                        "append failed; producers get KAFKA_STORAGE_ERROR and retry (check the \
+                         data volume: free space, errors in the kernel log)");
+                });
             }
             return refuse(errors::storage(&e));
         }
     };
     let base_offset = match outcome {
-        AppendOutcome::Appended { base_offset, .. }
-        | AppendOutcome::Duplicate { base_offset, .. } => base_offset,
+        AppendOutcome::Appended { base_offset, .. } => {
+            shard.admission.disk.note_written(records.len() as u64);
+            base_offset
+        }
+        AppendOutcome::Duplicate { base_offset, .. } => base_offset,
     };
     let result = PartResult {
         error_code: errors::NONE,

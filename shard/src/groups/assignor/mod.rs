@@ -90,6 +90,13 @@ pub const ASSIGNOR_NAMES: [&str; 3] = [
 /// Looks an assignor up by the name a client sends in `group.remote.assignor`. The rack-aware
 /// weights come from broker config, so the caller passes them in; the other assignors ignore
 /// them. Returns `None` for an unknown name (the coordinator answers UNSUPPORTED_ASSIGNOR).
+/// The server-side assignors' names, as KIP-848 members and `--group-consumer-assignor` name them.
+pub const NAMES: [&str; 3] = [
+    UniformAssignor::NAME,
+    RangeAssignor::NAME,
+    RackAwareAssignor::NAME,
+];
+
 pub fn by_name(name: &str, weights: RackAwareWeights) -> Option<Box<dyn ServerAssignor>> {
     match name {
         UniformAssignor::NAME => Some(Box::new(UniformAssignor)),

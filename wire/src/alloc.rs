@@ -1,4 +1,6 @@
-//! The process allocator, with one guard for untrusted length fields.
+//! The process allocator, with one guard for untrusted length fields. The broker binary
+//! installs it (`#[global_allocator]` in `src/main.rs`), and so do the fuzz targets (`fuzz/`),
+//! so that they see the broker's behaviour for lying lengths.
 //!
 //! The generated Kafka decoders size vectors from array lengths read off the wire before they
 //! know the elements are there (`Vec::with_capacity(n)`). With a lying length, that asks for up
