@@ -5,7 +5,7 @@
 //! FindCoordinator and `/healthz` all read the view accepted here, so there is no second
 //! authority to disagree with.
 //!
-//! - [`Assignment`] is the file's model (SPEC fields: `controller_epoch`,
+//! - [`Assignment`] is the file's model (docs/DESIGN.md fields: `controller_epoch`,
 //!   `assignment_version`, `brokers` with health `alive | draining | dead` — dead rows are kept
 //!   because the group-coordinator hash divides by the full registered list — `partitions` →
 //!   leader and `consumer_groups` → coordinator).
@@ -250,7 +250,7 @@ pub struct AssignmentWatcher {
     last_bytes: Option<Vec<u8>>,
 }
 
-/// The default poll period (SPEC: 1 s; the heartbeat push is the fast path).
+/// The default poll period (docs/DESIGN.md: 1 s; the heartbeat push is the fast path).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 impl AssignmentWatcher {

@@ -5,7 +5,7 @@
 //! assignment whenever an input changes (first Lease win, a topic change, a broker joining or
 //! leaving). Every change of leader costs a takeover — the new leader opens the log and replays
 //! its tail, and the old one must first stop acknowledging writes — so the planner is built to be
-//! *stable*: it decides as little as possible, in the order of the SPEC's cluster contract.
+//! *stable*: it decides as little as possible, in the order of the design's cluster contract.
 //!
 //! 1. **Keep** every partition whose previous leader is alive.
 //! 2. **Place** the rest, each on the broker with the fewest partitions of that topic (ties: the

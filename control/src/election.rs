@@ -49,7 +49,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// Election timings (SPEC: duration 15 s, renew deadline 10 s, retry 2 s).
+/// Election timings (docs/DESIGN.md: duration 15 s, renew deadline 10 s, retry 2 s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ElectionConfig {
     /// How long a record must stay unchanged, by an observer's monotonic clock, before the

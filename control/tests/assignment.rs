@@ -63,7 +63,7 @@ async fn wait_version(
     start.elapsed()
 }
 
-// The file round-trips, uses the SPEC's field names, keeps dead rows and sorts brokers.
+// The file round-trips, uses the design's field names, keeps dead rows and sorts brokers.
 #[test]
 fn round_trip_through_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -500,7 +500,7 @@ fn taking_back_our_own_record_keeps_the_epoch() {
     assert_eq!(new_record.lease_transitions, 7);
 }
 
-// The SPEC's timings are the defaults, and orderings that break fencing are refused.
+// The design's timings are the defaults, and orderings that break fencing are refused.
 #[test]
 fn config_defaults_and_validation() {
     let d = ElectionConfig::default();

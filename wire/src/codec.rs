@@ -4,7 +4,7 @@
 //! `Vec::with_capacity`), so this module checks what it can before handing bytes over (frame
 //! length, header presence, API key and version against [`crate::versions`]) and turns any panic
 //! inside a generated decoder into [`WireError::Malformed`]. The binary additionally routes huge
-//! allocations through a guard (see `src/alloc.rs` in the `kaas` crate).
+//! allocations through a guard (see `alloc.rs`).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};

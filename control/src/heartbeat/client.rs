@@ -22,7 +22,7 @@ use crate::balancer::{BrokerId, TopicPartition};
 /// Timings of the broker's side.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// How often the status is sent (SPEC: 1 s). A change of status is sent at once as well.
+    /// How often the status is sent (docs/DESIGN.md: 1 s). A change of status is sent at once as well.
     pub status_interval: Duration,
     /// First re-dial delay after a failure.
     pub min_backoff: Duration,

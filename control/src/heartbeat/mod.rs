@@ -140,7 +140,7 @@ pub struct BrokerRegistry {
 }
 
 impl BrokerRegistry {
-    /// An empty registry. `pinned` is the controller itself (id and rack): the SPEC pins it into
+    /// An empty registry. `pinned` is the controller itself (id and rack): the design pins it into
     /// the alive set so an assignment is never computed empty, even before its own heartbeat
     /// client has connected.
     pub fn new(pinned: Option<(BrokerId, Option<String>)>) -> Self {

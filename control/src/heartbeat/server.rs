@@ -27,7 +27,7 @@ use crate::lease::Leadership;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// How often each stream gets a PING, and how often the alive set is re-evaluated so that
-    /// silent brokers age out (SPEC: 1 s).
+    /// silent brokers age out (docs/DESIGN.md: 1 s).
     pub ping_interval: Duration,
     /// How long after its last status a broker stays in the alive set. Statuses come every
     /// second, so the default of 5 s tolerates a few lost ones and a quick re-dial.

@@ -3,7 +3,7 @@
 //!
 //! # Why a resourceVersion-conditional replace, not server-side apply
 //!
-//! The SPEC says "acquired and renewed by server-side apply". Apply merges fields by owner and
+//! docs/DESIGN.md says "acquired and renewed by server-side apply". Apply merges fields by owner and
 //! does not by itself compare against what the writer last saw, so two candidates applying a
 //! takeover from the same observation could both succeed. What the fencing argument in
 //! [`crate::election`] needs is a compare-and-swap: a write that succeeds only if the Lease is

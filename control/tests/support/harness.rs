@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
-/// Timings 15× shorter than the SPEC's, keeping its ordering (fencing margin 400 ms).
+/// Timings 15× shorter than the design's, keeping its ordering (fencing margin 400 ms).
 pub const FAST: ElectionConfig = ElectionConfig {
     lease_duration_ms: 1_000,
     renew_deadline_ms: 600,

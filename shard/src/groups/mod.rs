@@ -7,7 +7,7 @@
 //! owns the group: one `GroupManager` per shard, `Rc`/`RefCell` only, so no lock is ever shared
 //! between shards; requests for a group reach its shard through `mesh::on_shard`.
 //!
-//! Which *broker* coordinates a group is a separate, pure decision: the SPEC's FNV-1a rule in
+//! Which *broker* coordinates a group is a separate, pure decision: the design's FNV-1a rule in
 //! `kaas_model::coordinator_for_group`, read through the cluster view
 //! (`crate::cluster::ClusterView::coordinator`); in single-node mode it is always this broker.
 

@@ -9,8 +9,8 @@
 //!    this means totals within one of each other; with different subscriptions it decides which
 //!    members take each topic's leftover partitions so that nobody piles them up.
 //! 3. **Cost:** among those, minimise `traffic × (partitions read across racks) + overlap ×
-//!    (partitions moved away from their current owner)` (seed 004's cost, with the `rack-aware`
-//!    weights; `uniform` uses traffic 0, overlap 1, i.e. fewest moves).
+//!    (partitions moved away from their current owner)` (seed 004's cost, see `docs/DESIGN.md`,
+//!    with the `rack-aware` weights; `uniform` uses traffic 0, overlap 1, i.e. fewest moves).
 //! 4. **Stickiness tie-break:** among equal costs, fewest moves, so feeding an assignment back in
 //!    as the current one returns it unchanged.
 //!

@@ -10,7 +10,8 @@
 //!   subscriptions allow (within one when everyone subscribes to the same topics), and among
 //!   those assignments a min-cost flow picks the cheapest. For `uniform` the cost is the number
 //!   of partitions moved away from their current owner (so it is as sticky as balance allows);
-//!   for `rack-aware` it is seed 004's `traffic × cross-rack reads + overlap × moves`.
+//!   for `rack-aware` it is seed 004's `traffic × cross-rack reads + overlap × moves` (see
+//!   `docs/DESIGN.md`).
 //!   Because both solve the same constraints exactly and `uniform` moves as little as possible,
 //!   `rack-aware` never reads more partitions across racks than `uniform` does.
 //! - `range` ([`range`]) is Kafka's classic per-topic range split, kept for co-partitioning.
