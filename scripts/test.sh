@@ -5,7 +5,7 @@
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace
 #   4. scripts/fuzz.sh           (each fuzz target for 45 s; 600 s with KAAS_LONG_TESTS=1)
-#   5. cargo build --release -p kaas -p kaas-bench
+#   5. cargo build --release -p kaas -p kaas-bench -p kaas-lazyfs
 #   6. python3 -m pytest tests -q   (real clients against the kaas binary; KAAS_BIN is set)
 #
 # Every step runs even if an earlier check failed (except that the client suites need the
@@ -51,7 +51,7 @@ if [[ "${KAAS_SKIP_CARGO_CHECKS:-0}" != 1 ]]; then
 fi
 
 built=0
-step "release build" cargo build --release -p kaas -p kaas-bench && built=1
+step "release build" cargo build --release -p kaas -p kaas-bench -p kaas-lazyfs && built=1
 
 if [[ $built == 1 ]]; then
     export KAAS_BIN="$CARGO_TARGET_DIR/release/kaas"
