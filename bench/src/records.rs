@@ -16,45 +16,19 @@ use bytes::{BufMut, BytesMut};
 
 use crate::args::Compression;
 
-pub const BATCH_HEADER_BYTES: usize = 61;
-const OFFSET_BATCH_LENGTH: usize = 8;
-const OFFSET_MAGIC: usize = 16;
-const OFFSET_CRC: usize = 17;
-const OFFSET_ATTRIBUTES: usize = 21;
-const OFFSET_LAST_OFFSET_DELTA: usize = 23;
-const OFFSET_RECORD_COUNT: usize = 57;
-/// Bytes before the batch-length field's coverage begins (base offset + length).
-const LOG_OVERHEAD_BYTES: usize = 12;
+pub use kaas_wire::batch::BATCH_HEADER_LEN as BATCH_HEADER_BYTES;
+use kaas_wire::batch::{
+    ATTRIBUTES_OFFSET as OFFSET_ATTRIBUTES, BATCH_LENGTH_OFFSET as OFFSET_BATCH_LENGTH,
+    CRC_OFFSET as OFFSET_CRC, LAST_OFFSET_DELTA_OFFSET as OFFSET_LAST_OFFSET_DELTA,
+    LOG_OVERHEAD as LOG_OVERHEAD_BYTES, MAGIC_OFFSET as OFFSET_MAGIC,
+    RECORD_COUNT_OFFSET as OFFSET_RECORD_COUNT,
+};
+pub use kaas_wire::varint::{put_varint, varint_len};
 
-/// Appends the zigzag varint encoding of `v`.
-pub fn put_varint(buf: &mut BytesMut, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
-        buf.put_u8((z as u8) | 0x80);
-        z >>= 7;
-    }
-    buf.put_u8(z as u8);
-}
-
-/// Encoded size of the zigzag varint of `v`.
-pub fn varint_len(v: i64) -> usize {
-    let z = ((v << 1) ^ (v >> 63)) as u64;
-    let bits = 64 - (z | 1).leading_zeros() as usize;
-    bits.div_ceil(7)
-}
-
-/// Reads a zigzag varint from `data` at `*pos`, advancing it.
+/// Reads a zigzag varint from `data` at `*pos`, advancing it (`kaas_wire::varint`'s rules).
 pub fn get_varint(data: &[u8], pos: &mut usize) -> Result<i64> {
-    let mut z: u64 = 0;
-    for shift in (0..64).step_by(7) {
-        let b = *data.get(*pos).context("varint runs past the end")?;
-        *pos += 1;
-        z |= ((b & 0x7f) as u64) << shift;
-        if b & 0x80 == 0 {
-            return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
-        }
-    }
-    bail!("varint longer than 10 bytes")
+    kaas_wire::varint::read_varint(data, pos)
+        .context("malformed varint: past the end or longer than 10 bytes")
 }
 
 /// Kafka's murmur2 hash (`org.apache.kafka.common.utils.Utils.murmur2`), bit for bit, so keyed

@@ -441,21 +441,14 @@ impl Catalog {
         self.group_configs.load_full()
     }
 
-    /// Replaces group `group`'s config overrides (an empty map removes them), after checking
-    /// every one (`groups::config::validate_group_setting`).
+    /// Replaces group `group`'s config overrides (an empty map removes them). The caller has
+    /// checked them (`groups::config::validate_group_setting`): the catalog stores group
+    /// configs, the group coordinator owns what they mean.
     pub fn set_group_configs(
         &self,
         group: &str,
         configs: BTreeMap<String, String>,
-        validate_only: bool,
     ) -> Result<(), CatalogError> {
-        for (k, v) in &configs {
-            crate::groups::config::validate_group_setting(k, v)
-                .map_err(CatalogError::InvalidConfig)?;
-        }
-        if validate_only {
-            return Ok(());
-        }
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let _lock = FileLock::take(&self.dir)?;
         // Read from the volume, not the snapshot: another broker may have changed another group.

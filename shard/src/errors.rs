@@ -92,6 +92,7 @@ pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
 pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();
 pub const INVALID_PRODUCER_EPOCH: i16 = E::InvalidProducerEpoch.code();
 pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
+pub const REQUEST_TIMED_OUT: i16 = E::RequestTimedOut.code();
 pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
 pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
 pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();

@@ -115,7 +115,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         .map(|_| Arc::new(ShardProbe::default()))
         .collect();
     let shutdown = Arc::new(AtomicBool::new(false));
-    let mut mesh = Mesh::new(nshards);
+    let mut mesh: Mesh<Shard> = Mesh::new(nshards);
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -299,12 +299,22 @@ async fn serve_control(
     }
 }
 
+/// The per-shard group coordinator task: loads this shard's groups from disk, then runs their
+/// timeouts for as long as the shard lives.
+async fn run_group_coordinator(shard: Rc<Shard>) {
+    shard.groups.load().await;
+    loop {
+        glommio::timer::sleep(groups::TICK).await;
+        shard.groups.tick(std::time::Instant::now());
+    }
+}
+
 async fn run_shard(
     shard: Rc<Shard>,
     config: Arc<BrokerConfig>,
     probe: Arc<ShardProbe>,
     shutdown: Arc<AtomicBool>,
-    inbox: futures::channel::mpsc::Receiver<mesh::Job>,
+    inbox: futures::channel::mpsc::Receiver<mesh::Job<Shard>>,
     mut ready: StartReport,
 ) {
     let id = shard.id;
@@ -337,7 +347,7 @@ async fn run_shard(
         glommio::spawn_local(accept_loop(shard, listener))
     };
     glommio::spawn_local(retention_loop(shard.clone())).detach();
-    glommio::spawn_local(groups::run_coordinator(shard.clone())).detach();
+    glommio::spawn_local(run_group_coordinator(shard.clone())).detach();
     ready.send((id, Ok(())));
     tracing::info!(shard = id, listen = %config.listen, "shard serving");
     while !shutdown.load(Ordering::SeqCst) {

@@ -15,11 +15,10 @@ use std::rc::Rc;
 use futures::channel::mpsc;
 use futures::StreamExt;
 
-use crate::shard::Shard;
-
 /// Work sent to another shard. It runs on the receiving shard's executor, given that shard's
-/// context (`C` = [`Shard`] in the broker; tests use a small one of their own).
-pub type Job<C = Shard> = Box<dyn FnOnce(Rc<C>) + Send>;
+/// context (`C` = `crate::shard::Shard` in the broker; tests use a small one of their own).
+/// The mesh knows nothing else of the shard, so it depends on no other module of this crate.
+pub type Job<C> = Box<dyn FnOnce(Rc<C>) + Send>;
 
 /// What a shard's context offers the mesh: its own index and senders to every shard.
 pub trait Endpoint: Sized + 'static {
@@ -27,20 +26,11 @@ pub trait Endpoint: Sized + 'static {
     fn peers(&self) -> &Peers<Self>;
 }
 
-impl Endpoint for Shard {
-    fn shard_id(&self) -> usize {
-        self.id
-    }
-    fn peers(&self) -> &Peers<Self> {
-        Shard::peers(self)
-    }
-}
-
 /// Capacity of each shard's inbox; a full inbox makes senders wait (backpressure).
 pub const INBOX_CAPACITY: usize = 1024;
 
 /// One inbox per shard, plus senders to every inbox, made before the shards start.
-pub struct Mesh<C = Shard> {
+pub struct Mesh<C> {
     senders: Vec<mpsc::Sender<Job<C>>>,
     inboxes: Vec<Option<mpsc::Receiver<Job<C>>>>,
 }
@@ -71,7 +61,7 @@ impl<C> Mesh<C> {
 }
 
 /// The sending half: one sender per shard (including this one, unused).
-pub struct Peers<C = Shard> {
+pub struct Peers<C> {
     senders: Vec<mpsc::Sender<Job<C>>>,
 }
 

@@ -13,7 +13,7 @@ use crate::catalog::{Catalog, TopicMeta};
 use crate::cluster::ClusterView;
 use crate::config::BrokerConfig;
 use crate::groups::GroupManager;
-use crate::mesh::Peers;
+use crate::mesh::{Endpoint, Peers};
 use crate::probe::ShardProbe;
 use crate::topic_config;
 
@@ -42,7 +42,7 @@ pub struct Shard {
     pub config: Arc<BrokerConfig>,
     pub catalog: Arc<Catalog>,
     pub probe: Arc<ShardProbe>,
-    peers: Peers,
+    peers: Peers<Shard>,
     partitions: RefCell<HashMap<(Uuid, i32), Rc<PartitionSlot>>>,
     /// The consumer groups this shard coordinates (see `crate::groups`).
     pub groups: GroupManager,
@@ -76,7 +76,7 @@ impl Shard {
         config: Arc<BrokerConfig>,
         catalog: Arc<Catalog>,
         probe: Arc<ShardProbe>,
-        peers: Peers,
+        peers: Peers<Shard>,
         cluster: Arc<ClusterView>,
         admission: Arc<crate::admission::Admission>,
     ) -> Shard {
@@ -273,7 +273,7 @@ impl Shard {
         }
     }
 
-    pub fn peers(&self) -> &Peers {
+    pub fn peers(&self) -> &Peers<Shard> {
         &self.peers
     }
 
@@ -515,6 +515,15 @@ impl Shard {
             }
         });
         futures::future::join_all(closes).await;
+    }
+}
+
+impl Endpoint for Shard {
+    fn shard_id(&self) -> usize {
+        self.id
+    }
+    fn peers(&self) -> &Peers<Self> {
+        Shard::peers(self)
     }
 }
 

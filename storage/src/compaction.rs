@@ -13,8 +13,82 @@
 //! nothing else obsolete).
 
 use kaas_wire::batch::{self, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD};
+use kaas_wire::varint::read_varint;
 
 use crate::codec::Codec;
+
+/// What the cleaning planner needs of one segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentSummary {
+    pub base_offset: i64,
+    pub size: u64,
+    /// The newest record timestamp in the segment, if it holds any.
+    pub newest_timestamp: Option<i64>,
+}
+
+/// The topic configs that decide whether a run is worth it.
+#[derive(Debug, Clone, Copy)]
+pub struct CleaningRules {
+    pub now_ms: i64,
+    /// `min.compaction.lag.ms`: a record stays uncompacted at least this long.
+    pub min_compaction_lag_ms: i64,
+    /// `min.cleanable.dirty.ratio`: the dirty share of the cleanable bytes that starts a run.
+    pub min_cleanable_dirty_ratio: f64,
+}
+
+/// What one compaction run covers, as positions in the segment list it was planned from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleaningPlan {
+    /// Segments before this one may be rewritten. Never the active (last) segment.
+    pub first_uncleanable: usize,
+    /// The first segment past the cleaner checkpoint: keys are collected from here on.
+    pub first_dirty: usize,
+    /// The checkpoint once this run is done: the base offset of the first uncleanable segment.
+    pub new_checkpoint: i64,
+}
+
+/// Plans a compaction run from the segment list alone (no IO). `segments` is the log in
+/// order, the active segment last; `checkpoint` is where the last run stopped (always a
+/// segment boundary).
+///
+/// The cleanable segments are the sealed ones before the first that holds a record newer
+/// than `min.compaction.lag.ms`; those ending at or before the checkpoint are clean, the rest
+/// dirty. `None` — nothing is read — unless something is dirty and the dirty share of the
+/// cleanable bytes reaches `min.cleanable.dirty.ratio`.
+pub fn plan_cleaning(
+    segments: &[SegmentSummary],
+    checkpoint: i64,
+    rules: &CleaningRules,
+) -> Option<CleaningPlan> {
+    let last = segments.len().checked_sub(1)?;
+    let lag_bound = rules.now_ms.saturating_sub(rules.min_compaction_lag_ms);
+    let first_uncleanable = segments[..last]
+        .iter()
+        .position(|s| s.newest_timestamp.unwrap_or(i64::MIN) > lag_bound)
+        .unwrap_or(last);
+    let ends_by_checkpoint = |k: usize| segments[k + 1].base_offset <= checkpoint;
+    let (mut clean_bytes, mut dirty_bytes) = (0u64, 0u64);
+    for (k, seg) in segments[..first_uncleanable].iter().enumerate() {
+        if ends_by_checkpoint(k) {
+            clean_bytes += seg.size;
+        } else {
+            dirty_bytes += seg.size;
+        }
+    }
+    let ratio = dirty_bytes as f64 / (clean_bytes + dirty_bytes).max(1) as f64;
+    if dirty_bytes == 0 || ratio < rules.min_cleanable_dirty_ratio {
+        return None;
+    }
+    let plan = CleaningPlan {
+        first_uncleanable,
+        first_dirty: (0..first_uncleanable)
+            .find(|&k| !ends_by_checkpoint(k))
+            .unwrap_or(first_uncleanable),
+        new_checkpoint: segments[first_uncleanable].base_offset,
+    };
+    debug_assert!(plan.first_dirty < plan.first_uncleanable && plan.first_uncleanable <= last);
+    Some(plan)
+}
 
 /// The most bytes one compressed batch may decompress to for compaction to read it. Batches
 /// come from producers; this bounds what a small, highly compressed batch can make us allocate.
@@ -32,26 +106,8 @@ pub struct RecordRef<'a> {
     pub bytes: &'a [u8],
 }
 
-fn varint(b: &[u8], at: &mut usize) -> Option<i64> {
-    let mut shift = 0u32;
-    let mut raw: u64 = 0;
-    loop {
-        let byte = *b.get(*at)?;
-        *at += 1;
-        raw |= ((byte & 0x7f) as u64) << shift;
-        if byte & 0x80 == 0 {
-            break;
-        }
-        shift += 7;
-        if shift > 63 {
-            return None;
-        }
-    }
-    Some(((raw >> 1) as i64) ^ -((raw & 1) as i64))
-}
-
 fn bytes_field<'a>(b: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
-    let len = varint(b, at)?;
+    let len = read_varint(b, at)?;
     if len < 0 {
         return Some(None);
     }
@@ -92,7 +148,7 @@ fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a
     let mut at = 0;
     while at < body.len() {
         let start = at;
-        let len = varint(body, &mut at)?;
+        let len = read_varint(body, &mut at)?;
         if len < 0 {
             return None;
         }
@@ -100,8 +156,8 @@ fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a
         let rec = body.get(at..end)?;
         let mut r = 0;
         r += 1; // attributes
-        let ts_delta = varint(rec, &mut r)?;
-        let offset_delta = varint(rec, &mut r)?;
+        let ts_delta = read_varint(rec, &mut r)?;
+        let offset_delta = read_varint(rec, &mut r)?;
         let key = bytes_field(rec, &mut r)?;
         let value = bytes_field(rec, &mut r)?;
         out.push(RecordRef {

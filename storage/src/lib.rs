@@ -15,7 +15,7 @@
 
 pub mod ballast;
 mod codec;
-mod compaction;
+pub mod compaction;
 pub mod divergence;
 pub mod epoch_cache;
 mod error;

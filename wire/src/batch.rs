@@ -17,15 +17,21 @@
 //! ```
 
 use crate::error::BatchError;
+use crate::varint::put_varint;
 
 /// Bytes in a batch header, up to and including the record count.
 pub const BATCH_HEADER_LEN: usize = 61;
 /// `batch_length` counts the bytes after itself; these 12 bytes come before.
 pub const LOG_OVERHEAD: usize = 12;
-const MAGIC_OFFSET: usize = 16;
-const CRC_OFFSET: usize = 17;
-const ATTRIBUTES_OFFSET: usize = 21;
-const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
+/// Where the header's fields start (the table above); builders outside this crate use them too.
+pub const BATCH_LENGTH_OFFSET: usize = 8;
+pub const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
+pub const MAGIC_OFFSET: usize = 16;
+pub const CRC_OFFSET: usize = 17;
+/// The CRC-32C covers the batch from here to its end.
+pub const ATTRIBUTES_OFFSET: usize = 21;
+pub const LAST_OFFSET_DELTA_OFFSET: usize = 23;
+pub const RECORD_COUNT_OFFSET: usize = 57;
 
 /// Attribute bits.
 const COMPRESSION_MASK: i16 = 0x07;
@@ -236,18 +242,6 @@ impl Default for BatchSpec {
             timestamp: 0,
             attributes: 0,
         }
-    }
-}
-
-fn put_varint(out: &mut Vec<u8>, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    loop {
-        if z < 0x80 {
-            out.push(z as u8);
-            return;
-        }
-        out.push((z as u8 & 0x7f) | 0x80);
-        z >>= 7;
     }
 }
 

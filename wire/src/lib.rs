@@ -13,6 +13,7 @@ pub mod codec;
 pub mod error;
 pub mod fetch_frame;
 pub mod frame;
+pub mod varint;
 pub mod versions;
 
 pub use error::WireError;

@@ -25,17 +25,7 @@ pub use manager::GroupManager;
 
 /// How often a shard checks its groups' timeouts (sessions, rebalance and initial delays).
 /// Rebalances themselves never wait for it: a join or leave completes a phase at once.
-const TICK: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// The per-shard coordinator task: loads this shard's groups from disk, then runs their
-/// timeouts for as long as the shard lives.
-pub async fn run_coordinator(shard: std::rc::Rc<crate::shard::Shard>) {
-    shard.groups.load().await;
-    loop {
-        glommio::timer::sleep(TICK).await;
-        shard.groups.tick(std::time::Instant::now());
-    }
-}
+pub const TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The shard that owns group `group_id`: FNV-1a of the id over the shard count, the same style
 /// as `shard::owner_shard` for partitions, so a group always comes back to the same core and

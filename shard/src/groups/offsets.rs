@@ -128,17 +128,9 @@ impl<'a> Cursor<'a> {
         self.take(8)
             .map(|s| i64::from_be_bytes(s.try_into().expect("8 bytes")))
     }
-    /// A zig-zag varint (Kafka's record encoding), at most 10 bytes.
+    /// A zig-zag varint (Kafka's record encoding; `kaas_wire::varint`'s rules).
     fn varint(&mut self) -> Option<i64> {
-        let mut z: u64 = 0;
-        for i in 0..10 {
-            let b = self.u8()?;
-            z |= ((b & 0x7f) as u64) << (7 * i);
-            if b & 0x80 == 0 {
-                return Some(((z >> 1) as i64) ^ -((z & 1) as i64));
-            }
-        }
-        None
+        kaas_wire::varint::read_varint(self.b, &mut self.at)
     }
     /// A varint-length-prefixed byte string; -1 is null.
     fn bytes(&mut self) -> Option<Option<&'a [u8]>> {

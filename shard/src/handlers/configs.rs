@@ -320,13 +320,19 @@ fn apply_group(
     if group.is_empty() {
         return Err((errors::INVALID_GROUP_ID, "The group id is empty".into()));
     }
+    let refuse = |e: CatalogError| (errors::catalog(&e), e.to_string());
+    for (k, v) in &configs {
+        crate::groups::config::validate_group_setting(k, v)
+            .map_err(|m| refuse(CatalogError::InvalidConfig(m)))?;
+    }
+    if validate_only {
+        return Ok(());
+    }
     shard
         .catalog
-        .set_group_configs(group, configs.clone(), validate_only)
-        .map_err(|e| (errors::catalog(&e), e.to_string()))?;
-    if !validate_only {
-        tracing::info!(group, ?configs, "altered group configs");
-    }
+        .set_group_configs(group, configs.clone())
+        .map_err(refuse)?;
+    tracing::info!(group, ?configs, "altered group configs");
     Ok(())
 }
 

@@ -159,7 +159,8 @@ pub async fn produce(
         |s, (meta, partition, result, end, log)| {
             acknowledge_when_durable(s, meta, partition, result, end, log)
         },
-        PartResult::error(errors::NOT_LEADER_OR_FOLLOWER),
+        // The owning shard is shutting down: the write is stored, its sync unconfirmed.
+        PartResult::error(errors::REQUEST_TIMED_OUT),
     )
     .await;
     let mut results: Vec<PartResult> = appended
@@ -384,7 +385,28 @@ async fn acknowledge_when_durable(
         return result;
     }
     tracing::debug!(topic = %meta.name, partition, end_offset, kept, held, "not acknowledging a write: relinquished since, and its close did not keep it or the fence closed");
-    PartResult::error(errors::NOT_LEADER_OR_FOLLOWER)
+    fate_unknown(&shard, &meta.name, partition)
+}
+
+/// The answer for a write that was stored here but cannot be acknowledged, because it is not
+/// provably kept: the next leader may have recovered it, or cut it. REQUEST_TIMED_OUT is the
+/// code Kafka clients read as "possibly persisted" (Kafka answers it when an acks=all write
+/// could not be confirmed in time): they retry under the same producer sequence, and the next
+/// leader either returns the stored offset (idempotence) or appends the records once.
+/// NOT_LEADER_OR_FOLLOWER would say "not persisted", and librdkafka may then renumber the
+/// records after an epoch bump: the paused-controller fault run stored records twice that way
+/// (3 values in 40 pauses), each one a write its deposed leader had stored before the pause and
+/// refused after it.
+fn fate_unknown(shard: &Shard, topic: &str, partition: i32) -> PartResult {
+    PartResult {
+        error_message: Some(format!(
+            "broker {} stored this write to {topic}-{partition} but cannot confirm that the \
+             partition's next leader keeps it (leadership moved while it was in flight): retry; \
+             an idempotent producer's retry returns the stored offset if it was kept",
+            shard.config.broker_id
+        )),
+        ..PartResult::error(errors::REQUEST_TIMED_OUT)
+    }
 }
 
 /// The last check before a success goes out, after the write (and for acks=all its sync).
@@ -394,8 +416,8 @@ async fn acknowledge_when_durable(
 /// The fence must have stayed open since the write was checked (`term`): had it closed, the
 /// controller may have handed the partition away by time, and a new leader may have recovered
 /// the log without this write — even if a later acknowledgement of this broker's status
-/// reopened the fence since. Then the producer retries on the new leader (idempotence removes
-/// the copy if this one did land).
+/// reopened the fence since. Then the answer is "fate unknown" ([`fate_unknown`]) and the
+/// producer retries on the new leader (idempotence removes the copy if this one did land).
 ///
 /// A partition relinquished while the write was in flight was handed over in order: its close
 /// waited for the write, synced it and saved the state the next leader starts from, so the
@@ -413,7 +435,7 @@ async fn may_acknowledge(
 ) -> PartResult {
     if !shard.cluster.fence_held_since(term) {
         tracing::debug!(topic = %meta.name, partition, end_offset, "not acknowledging a write: the fence closed since it was checked");
-        return PartResult::error(errors::NOT_LEADER_OR_FOLLOWER);
+        return fate_unknown(shard, &meta.name, partition);
     }
     if shard.serves(&meta.name, partition) && !log.is_closed() {
         log.advance_high_watermark(end_offset);
@@ -423,7 +445,7 @@ async fn may_acknowledge(
         return result;
     }
     tracing::debug!(topic = %meta.name, partition, end_offset, closed_end = ?log.closed_end(), "not acknowledging a write: relinquished, and the close did not keep it");
-    PartResult::error(errors::NOT_LEADER_OR_FOLLOWER)
+    fate_unknown(shard, &meta.name, partition)
 }
 
 /// `None` if every record of every batch in `records` has a key (see `produce_rules`), else

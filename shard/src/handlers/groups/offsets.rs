@@ -1,0 +1,452 @@
+//! Committed offsets: OffsetCommit, OffsetFetch, OffsetDelete.
+
+use super::*;
+
+pub async fn offset_commit(
+    shard: &Rc<Shard>,
+    req: OffsetCommitRequest,
+    version: i16,
+) -> OffsetCommitResponse {
+    let gid = req.group_id.to_string();
+    // Per (topic index, partition index): the answer.
+    let shape: Vec<(String, Vec<i32>)> = req
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.name.to_string(),
+                t.partitions.iter().map(|p| p.partition_index).collect(),
+            )
+        })
+        .collect();
+    // One error for every partition of the request.
+    let all = |e: GroupError| -> Vec<Vec<i16>> {
+        shape
+            .iter()
+            .map(|(_, ps)| vec![errors::group(&e); ps.len()])
+            .collect()
+    };
+    let codes: Vec<Vec<i16>> = if gid.is_empty() {
+        all(invalid_group_id())
+    } else {
+        let lost = all;
+        on_group(shard, &gid.clone(), lost, move |s| async move {
+            commit_on_owner(&s, &gid, req, version).await
+        })
+        .await
+    };
+    let topics = shape
+        .into_iter()
+        .zip(codes)
+        .map(|((name, parts), codes)| {
+            OffsetCommitResponseTopic::default()
+                .with_name(TopicName(s(&name)))
+                .with_partitions(
+                    parts
+                        .into_iter()
+                        .zip(codes)
+                        .map(|(p, c)| {
+                            OffsetCommitResponsePartition::default()
+                                .with_partition_index(p)
+                                .with_error_code(c)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    OffsetCommitResponse::default().with_topics(topics)
+}
+
+/// Runs on the group's shard: validates the committer, then makes the offsets durable.
+pub(super) async fn commit_on_owner(
+    s: &Rc<Shard>,
+    gid: &str,
+    req: OffsetCommitRequest,
+    version: i16,
+) -> Vec<Vec<i16>> {
+    let group = s.groups.get_or_create(gid);
+    let member_id = req.member_id.to_string();
+    let instance = req.group_instance_id.as_ref().map(|i| i.to_string());
+    let generation = req.generation_id_or_member_epoch;
+    let validated = match &*group.kind.borrow() {
+        GroupKind::Classic(c) => c.validate_commit(MemberRef {
+            member_id: &member_id,
+            instance_id: instance.as_deref(),
+            generation,
+        }),
+        GroupKind::Consumer(c) => {
+            let topics = s.catalog.snapshot();
+            let partitions: Vec<(Option<Uuid>, i32)> = req
+                .topics
+                .iter()
+                .flat_map(|t| {
+                    let id = topics.get(t.name.as_str()).map(|m| m.id);
+                    t.partitions.iter().map(move |p| (id, p.partition_index))
+                })
+                .collect();
+            c.validate_commit(&member_id, generation, version, &partitions)
+        }
+    };
+    if let Err(e) = validated {
+        let c = errors::group(&e);
+        return req
+            .topics
+            .iter()
+            .map(|t| vec![c; t.partitions.len()])
+            .collect();
+    }
+    let max_meta = s.groups.config.offset_metadata_max_bytes;
+    let now = crate::groups::offsets::now_ms();
+    let mut records = Vec::new();
+    let mut codes: Vec<Vec<i16>> = Vec::with_capacity(req.topics.len());
+    let mut written: Vec<(usize, usize)> = Vec::new();
+    let catalog = s.catalog.snapshot();
+    for (ti, t) in req.topics.iter().enumerate() {
+        let mut tc = Vec::with_capacity(t.partitions.len());
+        let partitions = catalog.get(t.name.as_str()).map_or(0, |m| m.partitions);
+        for (pi, p) in t.partitions.iter().enumerate() {
+            // As Kafka: offsets are kept only for partitions that exist (a commit for a topic
+            // nobody created would otherwise linger as an offset no consumer can use).
+            if !(0..partitions).contains(&p.partition_index) {
+                tc.push(errors::UNKNOWN_TOPIC_OR_PARTITION);
+                continue;
+            }
+            let metadata = p
+                .committed_metadata
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            if metadata.len() > max_meta {
+                tc.push(errors::group(&GroupError::OffsetMetadataTooLarge {
+                    len: metadata.len(),
+                    max: max_meta,
+                }));
+                continue;
+            }
+            tc.push(errors::NONE);
+            written.push((ti, pi));
+            records.push(OffsetRecord::Commit {
+                topic: t.name.to_string(),
+                partition: p.partition_index,
+                value: CommittedOffset {
+                    offset: p.committed_offset,
+                    leader_epoch: p.committed_leader_epoch,
+                    metadata,
+                    commit_timestamp_ms: now,
+                },
+            });
+        }
+        codes.push(tc);
+    }
+    if let Err(e) = s.groups.write_offsets(&group, records).await {
+        let c = errors::group(&e);
+        for (ti, pi) in written {
+            codes[ti][pi] = c;
+        }
+    }
+    codes
+}
+
+/// One group's part of an OffsetFetch, normalised across versions.
+#[derive(Clone)]
+pub(super) struct FetchGroup {
+    pub(super) group_id: String,
+    pub(super) member: Option<(String, i32)>,
+    /// None = every committed offset of the group.
+    pub(super) topics: Option<Vec<(String, Vec<i32>)>>,
+}
+
+/// One group's answer: group error, then per topic per partition
+/// (partition, offset, leader epoch, metadata, error).
+pub(super) type FetchedPartition = (i32, i64, i32, String, i16);
+#[derive(Clone)]
+pub(super) struct FetchedGroup {
+    pub(super) error: i16,
+    pub(super) topics: Vec<(String, Vec<FetchedPartition>)>,
+}
+
+pub async fn offset_fetch(
+    shard: &Rc<Shard>,
+    req: OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    let wanted: Vec<FetchGroup> = if version >= 8 {
+        req.groups
+            .iter()
+            .map(|g| FetchGroup {
+                group_id: g.group_id.to_string(),
+                member: g
+                    .member_id
+                    .as_ref()
+                    .map(|m| (m.to_string(), g.member_epoch)),
+                topics: g.topics.as_ref().map(|ts| {
+                    ts.iter()
+                        .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+                        .collect()
+                }),
+            })
+            .collect()
+    } else {
+        vec![FetchGroup {
+            group_id: req.group_id.to_string(),
+            member: None,
+            topics: req.topics.as_ref().map(|ts| {
+                ts.iter()
+                    .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+                    .collect()
+            }),
+        }]
+    };
+    let items: Vec<(usize, FetchGroup)> = wanted
+        .iter()
+        .map(|g| (owner_shard(&g.group_id, shard.nshards), g.clone()))
+        .collect();
+    let lost = FetchedGroup {
+        error: errors::COORDINATOR_NOT_AVAILABLE,
+        topics: Vec::new(),
+    };
+    let answers = per_partition(
+        shard,
+        items,
+        |s, g| async move {
+            s.groups.ready().await;
+            fetch_on_owner(&s, g)
+        },
+        lost,
+    )
+    .await;
+    offset_fetch_response(&wanted, answers, version)
+}
+
+pub(super) fn offset_fetch_response(
+    wanted: &[FetchGroup],
+    answers: Vec<FetchedGroup>,
+    version: i16,
+) -> OffsetFetchResponse {
+    let mut resp = OffsetFetchResponse::default();
+    if version >= 8 {
+        resp.groups = wanted
+            .iter()
+            .zip(answers)
+            .map(|(w, a)| {
+                OffsetFetchResponseGroup::default()
+                    .with_group_id(GroupId(s(&w.group_id)))
+                    .with_error_code(a.error)
+                    .with_topics(
+                        a.topics
+                            .into_iter()
+                            .map(|(t, ps)| {
+                                OffsetFetchResponseTopics::default()
+                                    .with_name(TopicName(s(&t)))
+                                    .with_partitions(
+                                        ps.into_iter()
+                                            .map(|(p, o, e, m, c)| {
+                                                OffsetFetchResponsePartitions::default()
+                                                    .with_partition_index(p)
+                                                    .with_committed_offset(o)
+                                                    .with_committed_leader_epoch(e)
+                                                    .with_metadata(Some(s(&m)))
+                                                    .with_error_code(c)
+                                            })
+                                            .collect(),
+                                    )
+                            })
+                            .collect(),
+                    )
+            })
+            .collect();
+    } else {
+        let a = answers.into_iter().next().expect("one group");
+        if version >= 2 {
+            resp.error_code = a.error;
+        }
+        resp.topics = a
+            .topics
+            .into_iter()
+            .map(|(t, ps)| {
+                OffsetFetchResponseTopic::default()
+                    .with_name(TopicName(s(&t)))
+                    .with_partitions(
+                        ps.into_iter()
+                            .map(|(p, o, e, m, c)| {
+                                // v1 has no top-level error: a group error goes on each partition.
+                                let c = if version < 2 && c == errors::NONE {
+                                    a.error
+                                } else {
+                                    c
+                                };
+                                OffsetFetchResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_committed_offset(o)
+                                    .with_committed_leader_epoch(if version >= 5 { e } else { -1 })
+                                    .with_metadata(Some(s(&m)))
+                                    .with_error_code(c)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect();
+    }
+    resp
+}
+
+pub(super) fn fetch_on_owner(s: &Rc<Shard>, want: FetchGroup) -> FetchedGroup {
+    if want.group_id.is_empty() {
+        return FetchedGroup {
+            error: errors::group(&invalid_group_id()),
+            topics: Vec::new(),
+        };
+    }
+    let group = s.groups.get(&want.group_id);
+    if let (Some(g), Some((member_id, epoch))) = (&group, &want.member) {
+        if let GroupKind::Consumer(c) = &*g.kind.borrow() {
+            if let Err(e) = c.validate_fetch(member_id, *epoch) {
+                return FetchedGroup {
+                    error: errors::group(&e),
+                    topics: Vec::new(),
+                };
+            }
+        }
+    }
+    let empty = Default::default();
+    let table_ref = group.as_ref().map(|g| g.offsets.borrow());
+    let table = table_ref.as_deref().unwrap_or(&empty);
+    let topics = match want.topics {
+        None => table
+            .iter()
+            .map(|(t, ps)| {
+                (
+                    t.clone(),
+                    ps.iter()
+                        .map(|(p, v)| {
+                            (
+                                *p,
+                                v.offset,
+                                v.leader_epoch,
+                                v.metadata.clone(),
+                                errors::NONE,
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect(),
+        Some(ts) => ts
+            .into_iter()
+            .map(|(t, ps)| {
+                let committed = table.get(&t);
+                let parts = ps
+                    .into_iter()
+                    .map(|p| match committed.and_then(|c| c.get(&p)) {
+                        Some(v) => (
+                            p,
+                            v.offset,
+                            v.leader_epoch,
+                            v.metadata.clone(),
+                            errors::NONE,
+                        ),
+                        None => (p, -1, -1, String::new(), errors::NONE),
+                    })
+                    .collect();
+                (t, parts)
+            })
+            .collect(),
+    };
+    FetchedGroup {
+        error: errors::NONE,
+        topics,
+    }
+}
+
+pub async fn offset_delete(shard: &Rc<Shard>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let gid = req.group_id.to_string();
+    let shape: Vec<(String, Vec<i32>)> = req
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.name.to_string(),
+                t.partitions.iter().map(|p| p.partition_index).collect(),
+            )
+        })
+        .collect();
+    let (top, codes): (i16, Vec<Vec<i16>>) = if gid.is_empty() {
+        (errors::group(&invalid_group_id()), Vec::new())
+    } else {
+        let shape2 = shape.clone();
+        on_group(
+            shard,
+            &gid.clone(),
+            |e| (errors::group(&e), Vec::new()),
+            move |s| async move {
+                let Some(group) = s.groups.get(&gid) else {
+                    return (
+                        errors::group(&GroupError::GroupIdNotFound(format!(
+                            "Group {gid} does not exist."
+                        ))),
+                        Vec::new(),
+                    );
+                };
+                // Topics an active group subscribes to keep their offsets.
+                let subscribed: HashSet<String> = match &*group.kind.borrow() {
+                    GroupKind::Classic(c) => c.subscribed_topics().unwrap_or_default(),
+                    GroupKind::Consumer(c) => c.subscribed_topics().into_iter().collect(),
+                };
+                let mut records = Vec::new();
+                let mut codes = Vec::new();
+                {
+                    let table = group.offsets.borrow();
+                    for (t, ps) in &shape2 {
+                        let sub = subscribed.contains(t);
+                        codes.push(
+                            ps.iter()
+                                .map(|p| {
+                                    if sub {
+                                        return errors::group(&GroupError::GroupSubscribedToTopic);
+                                    }
+                                    if table.get(t).is_some_and(|x| x.contains_key(p)) {
+                                        records.push(OffsetRecord::Delete {
+                                            topic: t.clone(),
+                                            partition: *p,
+                                        });
+                                    }
+                                    errors::NONE
+                                })
+                                .collect(),
+                        );
+                    }
+                }
+                match s.groups.write_offsets(&group, records).await {
+                    Ok(()) => (errors::NONE, codes),
+                    Err(e) => (errors::group(&e), Vec::new()),
+                }
+            },
+        )
+        .await
+    };
+    let topics = if codes.is_empty() {
+        Vec::new()
+    } else {
+        shape
+            .into_iter()
+            .zip(codes)
+            .map(|((t, ps), cs)| {
+                OffsetDeleteResponseTopic::default()
+                    .with_name(TopicName(s(&t)))
+                    .with_partitions(
+                        ps.into_iter()
+                            .zip(cs)
+                            .map(|(p, c)| {
+                                OffsetDeleteResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_error_code(c)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect()
+    };
+    OffsetDeleteResponse::default()
+        .with_error_code(top)
+        .with_topics(topics)
+}

@@ -1,0 +1,238 @@
+//! The read path: batches by offset from the segments' mappings, long-poll signals, lookups by
+//! timestamp and by leader epoch.
+
+use super::*;
+
+impl PartitionLog {
+    /// Reads whole batches starting with the one that contains `offset`, up to `max_bytes`
+    /// (at least one batch even if it is larger, as Kafka does, so a consumer always
+    /// progresses). Reads stop at a segment boundary.
+    ///
+    /// Sealed segments are served from a memory mapping without copying: the returned bytes
+    /// are a slice of the mapped file, and the connection writes them straight to the socket.
+    /// A sealed segment is never truncated or rewritten in place (retention unlinks it, and the
+    /// mapping stays valid until the last reader drops it), so the mapping cannot SIGBUS. The
+    /// active segment is mapped up to its current length and remapped as it grows
+    /// (`Segment::mapped_upto`).
+    ///
+    /// The batch is found through the sparse index (a binary search over its marks, then a
+    /// walk over at most one `index.interval.bytes` of batch headers in the mapping), and the
+    /// extent up to `max_bytes` likewise, so a read touches a bounded number of headers
+    /// whatever the batch size or the fetch size.
+    pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
+        self.read_below(offset, max_bytes, self.log_end_offset())
+    }
+
+    /// [`Self::read`] for consumers: only what is below the high watermark. An offset between
+    /// the high watermark and the log end reads nothing (as in Kafka), beyond the end it is
+    /// out of range.
+    pub async fn read_visible(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<ReadOutcome, StorageError> {
+        self.read_below(offset, max_bytes, self.high_watermark())
+    }
+
+    pub(super) fn read_below(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        bound: i64,
+    ) -> Result<ReadOutcome, StorageError> {
+        let st = self.state.borrow();
+        let (end, start) = (st.log_end_offset, st.log_start_offset);
+        let hw = bound.min(end);
+        if offset < start || offset > end {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start: start,
+                log_end: end,
+            });
+        }
+        let outcome = |records: Bytes| ReadOutcome {
+            records,
+            high_watermark: hw,
+            log_start_offset: start,
+        };
+        if offset >= hw {
+            return Ok(outcome(Bytes::new()));
+        }
+        let si = st
+            .segments
+            .partition_point(|s| s.base_offset <= offset)
+            .saturating_sub(1);
+        let last = st.segments.len() - 1;
+        // The first segment with a batch ending at or after `offset` (compaction can leave a
+        // segment's tail, or a whole segment, without the offsets its name suggests).
+        for (k, seg) in st.segments.iter().enumerate().skip(si) {
+            if seg.index.last().is_none_or(|l| l.last_offset < offset) {
+                continue;
+            }
+            let Some(data) = seg.data(k < last)? else {
+                continue;
+            };
+            let Some(first) = seg.index.find(&data, offset) else {
+                continue;
+            };
+            // Whole batches from there while they fit in `max_bytes` (at least one), none at or
+            // past the bound (which is always a batch boundary: a write's end).
+            let from = first.position as usize;
+            let mut limit = first.position.saturating_add(max_bytes as u64);
+            if seg.index.last().is_some_and(|l| l.last_offset >= hw) {
+                if let Some(b) = seg.index.find(&data, hw) {
+                    limit = limit.min(b.position);
+                }
+            }
+            let end = seg.index.end_within(&data, first.end_position(), limit) as usize;
+            return Ok(outcome(data.slice(from..end)));
+        }
+        Ok(outcome(Bytes::new()))
+    }
+
+    /// Waits until the high watermark passes `offset` or `timeout` elapses.
+    /// A signal for a long poll that does not hold the log: `None` if there is data past
+    /// `offset` already; otherwise a receiver that completes when there is (or with an error
+    /// when the log is closed first — then the caller looks again).
+    pub fn data_signal(&self, offset: i64) -> Option<futures::channel::oneshot::Receiver<()>> {
+        if self.high_watermark() > offset {
+            return None;
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.data_waiters.borrow_mut().push(tx);
+        Some(rx)
+    }
+
+    /// Returns once there is data past `offset`, or after `timeout`.
+    pub async fn wait_for_data(&self, offset: i64, timeout: Duration) {
+        let Some(rx) = self.data_signal(offset) else {
+            return;
+        };
+        future::or(
+            async {
+                let _ = rx.await;
+            },
+            async {
+                glommio::timer::sleep(timeout).await;
+            },
+        )
+        .await;
+    }
+
+    /// ListOffsets by timestamp: the first record whose timestamp is at or after `timestamp`.
+    /// The batch index finds the batch (its max timestamp is the first to reach the target);
+    /// the batch's records (decompressed if need be) then give the exact offset.
+    pub async fn offset_for_timestamp(
+        &self,
+        timestamp: i64,
+    ) -> Result<Option<TimestampLookup>, StorageError> {
+        let start = self.log_start_offset();
+        let Some((e, bytes)) = self.find_batch(
+            |index| index.newest_timestamp() >= Some(timestamp),
+            |index, data| index.find_timestamp(data, timestamp),
+        )?
+        else {
+            return Ok(None);
+        };
+        let mut scratch = Vec::new();
+        let exact = compaction::records_in(&bytes, &mut scratch).and_then(|recs| {
+            recs.into_iter()
+                .find(|r| r.timestamp >= timestamp && r.offset >= start)
+                .map(|r| (r.offset, r.timestamp))
+        });
+        Ok(Some(match exact {
+            Some((offset, timestamp)) => TimestampLookup {
+                offset,
+                timestamp,
+                leader_epoch: e.leader_epoch,
+            },
+            None => TimestampLookup {
+                offset: e.base_offset.max(start),
+                timestamp: e.max_timestamp,
+                leader_epoch: e.leader_epoch,
+            },
+        }))
+    }
+
+    /// ListOffsets MAX_TIMESTAMP: the first record carrying the largest timestamp (as Kafka
+    /// records it), found inside the batch with the largest max timestamp.
+    pub async fn max_timestamp(&self) -> Result<Option<TimestampLookup>, StorageError> {
+        let newest = {
+            let st = self.state.borrow();
+            st.segments
+                .iter()
+                .filter_map(|s| s.index.newest())
+                .max_by_key(|&(ts, base)| (ts, std::cmp::Reverse(base)))
+        };
+        let Some((_, base)) = newest else {
+            return Ok(None);
+        };
+        let Some((e, bytes)) = self.find_batch(
+            |index| index.last().is_some_and(|l| l.last_offset >= base),
+            |index, data| index.find(data, base),
+        )?
+        else {
+            return Ok(None);
+        };
+        let mut scratch = Vec::new();
+        let exact = compaction::records_in(&bytes, &mut scratch)
+            .and_then(|recs| recs.into_iter().find(|r| r.timestamp == e.max_timestamp))
+            .map(|r| r.offset);
+        Ok(Some(TimestampLookup {
+            offset: exact.unwrap_or(e.last_offset),
+            timestamp: e.max_timestamp,
+            leader_epoch: e.leader_epoch,
+        }))
+    }
+
+    /// The first batch, over the segments in order, that `lookup` finds in a segment's index
+    /// and data, with its bytes. Only segments that `may_hold` accepts from their index alone
+    /// are mapped.
+    pub(super) fn find_batch(
+        &self,
+        may_hold: impl Fn(&BatchIndex) -> bool,
+        lookup: impl Fn(&BatchIndex, &[u8]) -> Option<BatchEntry>,
+    ) -> Result<Option<(BatchEntry, Bytes)>, StorageError> {
+        let st = self.state.borrow();
+        let last = st.segments.len() - 1;
+        for (k, seg) in st.segments.iter().enumerate() {
+            if !may_hold(&seg.index) {
+                continue;
+            }
+            let Some(data) = seg.data(k < last)? else {
+                continue;
+            };
+            if let Some(e) = lookup(&seg.index, &data) {
+                let bytes = data.slice(e.position as usize..e.end_position() as usize);
+                return Ok(Some((e, bytes)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// OffsetForLeaderEpoch, with the semantics of Kafka's leader-epoch cache (see
+    /// [`crate::epoch_cache::end_offset_for`]): `(epoch, end offset)`, or `(-1, -1)`.
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> (i32, i64) {
+        let st = self.state.borrow();
+        let runs = st
+            .segments
+            .iter()
+            .flat_map(|seg| seg.index.epochs().iter().copied());
+        crate::epoch_cache::end_offset_for(runs, st.epoch, st.log_end_offset, epoch)
+    }
+}
+
+/// A read-only mapping of the first `len` bytes of a file that may still grow (the active
+/// segment). Appends only extend the file and it is never truncated while open, so the mapped
+/// prefix stays valid.
+pub(super) fn map_prefix(path: &Path, len: u64) -> Result<Option<Bytes>, StorageError> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| StorageError::io("opening segment for mapping", path, e))?;
+    // SAFETY: read-only mapping of bytes that are never modified or truncated while mapped.
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
+        .map_err(|e| StorageError::io("mapping segment", path, e))?;
+    Ok(Some(Bytes::from_owner(map)))
+}
