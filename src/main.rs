@@ -167,7 +167,7 @@ fn parse_advertised(s: &str) -> anyhow::Result<(String, u16)> {
 /// Holds an exclusive lock on the data directory for the life of the process, so two brokers
 /// can never write the same logs.
 fn lock_data_dir(dir: &std::path::Path, name: &str) -> anyhow::Result<std::fs::File> {
-    std::fs::create_dir_all(dir)
+    kaas_durable::create_dir_all(dir)
         .with_context(|| format!("creating data directory {}", dir.display()))?;
     let path = dir.join(name);
     let file = std::fs::OpenOptions::new()

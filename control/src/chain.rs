@@ -145,7 +145,7 @@ impl Chain {
     /// Durable when it returns: the file and the directory entry are fsynced.
     pub fn append(&self, base: Option<u64>, bytes: &[u8]) -> Result<u64, AppendError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        fs::create_dir_all(&self.dir)?;
+        kaas_durable::create_dir_all(&self.dir)?;
         let seq = base.map_or(1, |b| b + 1);
         let tmp = self.dir.join(format!(
             ".{}.{}.{}.tmp",
@@ -165,7 +165,7 @@ impl Chain {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Err(AppendError::Conflict),
             Err(e) => return Err(e.into()),
         }
-        File::open(&self.dir)?.sync_all()?;
+        kaas_durable::sync_dir(&self.dir)?;
         let versions = self.versions()?;
         let newest = versions.last().copied().unwrap_or(seq);
         if newest > seq {

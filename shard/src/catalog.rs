@@ -192,7 +192,7 @@ impl Catalog {
     /// Loads (or initialises) the catalog under `<data_dir>/__meta/`.
     pub fn open(data_dir: &Path) -> Result<Catalog, CatalogError> {
         let dir = data_dir.join("__meta");
-        std::fs::create_dir_all(&dir).map_err(|e| storage_error(&dir, e))?;
+        kaas_durable::create_dir_all(&dir).map_err(|e| storage_error(&dir, e))?;
         let _lock = FileLock::take(&dir)?;
         let table: TopicTable = load_json(&dir.join("topics.json"))?.unwrap_or_default();
         let cluster_path = dir.join("cluster.json");

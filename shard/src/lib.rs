@@ -83,7 +83,7 @@ impl BrokerRuntime {
 /// reports the first failure, e.g. io_uring unavailable or the port taken). `cluster` is the
 /// view the control thread keeps up to date ([`ClusterView::single`] for a single node).
 pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRuntime, StartError> {
-    std::fs::create_dir_all(&config.data_dir).map_err(|e| StartError::Shard {
+    kaas_durable::create_dir_all(&config.data_dir).map_err(|e| StartError::Shard {
         shard: 0,
         reason: format!("creating data directory {}: {e}", config.data_dir.display()),
     })?;

@@ -81,38 +81,14 @@ pub fn replace_visible(target: &Path, bytes: &[u8]) -> Result<(), StorageError> 
 /// On a full volume the emergency ballast is released and the write tried once more (see
 /// [`crate::ballast`]); a failed attempt leaves no temporary file behind.
 pub fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    match write_atomically_once(target, bytes) {
-        Err((_, _, e))
-            if e.kind() == std::io::ErrorKind::StorageFull && crate::ballast::release() =>
-        {
-            write_atomically_once(target, bytes)
-                .map_err(|(path, op, e)| StorageError::io(op, &path, e))
-        }
-        r => r.map_err(|(path, op, e)| StorageError::io(op, &path, e)),
-    }
-}
-
-type Failed = (PathBuf, &'static str, std::io::Error);
-
-fn write_atomically_once(target: &Path, bytes: &[u8]) -> Result<(), Failed> {
     let tmp = tmp_path(target);
-    let fail = |op, e| (tmp.clone(), op, e);
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| fail("creating", e))?;
-        f.write_all(bytes).map_err(|e| fail("writing", e))?;
-        f.sync_all().map_err(|e| fail("fsyncing", e))
-    })();
-    if let Err(e) = written {
-        // A partial temporary file would hold space a full volume needs.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    match kaas_durable::replace_file(target, &tmp, bytes) {
+        Err(f)
+            if f.error.kind() == std::io::ErrorKind::StorageFull && crate::ballast::release() =>
+        {
+            kaas_durable::replace_file(target, &tmp, bytes)
+                .map_err(|f| StorageError::io(f.op, &f.path, f.error))
+        }
+        r => r.map_err(|f| StorageError::io(f.op, &f.path, f.error)),
     }
-    std::fs::rename(&tmp, target).map_err(|e| (target.to_path_buf(), "renaming into", e))?;
-    if let Some(dir) = target.parent() {
-        let d =
-            std::fs::File::open(dir).map_err(|e| (dir.to_path_buf(), "opening directory", e))?;
-        d.sync_all()
-            .map_err(|e| (dir.to_path_buf(), "fsyncing directory", e))?;
-    }
-    Ok(())
 }

@@ -333,9 +333,7 @@ async fn tail_is_zeros(file: &BufferedFile, from: u64, to: u64) -> bool {
 
 /// fsync a directory so that entries created or renamed in it survive a crash.
 pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    let d = std::fs::File::open(dir).map_err(|e| StorageError::io("opening directory", dir, e))?;
-    d.sync_all()
-        .map_err(|e| StorageError::io("fsyncing directory", dir, e))
+    kaas_durable::sync_dir(dir).map_err(|e| StorageError::io("fsyncing directory", dir, e))
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ impl ClusterKey {
         if let Some(bytes) = crate::chain::read_optional(&path)? {
             return Ok(Self::from_bytes(&bytes));
         }
-        std::fs::create_dir_all(&dir)?;
+        kaas_durable::create_dir_all(&dir)?;
         let mut fresh = [0u8; KEY_BYTES];
         ring::rand::SystemRandom::new()
             .fill(&mut fresh)
@@ -139,7 +139,7 @@ impl ClusterKey {
         let _ = std::fs::remove_file(&tmp);
         match linked {
             Ok(()) => {
-                std::fs::File::open(&dir)?.sync_all()?;
+                kaas_durable::sync_dir(&dir)?;
                 Ok(Self::from_bytes(&fresh))
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {

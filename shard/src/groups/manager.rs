@@ -230,7 +230,7 @@ impl GroupManager {
         }
         let dir = self.root.join(offsets::group_dir_name(group_id));
         let storage = |e: std::io::Error| GroupError::Storage(format!("{}: {e}", dir.display()));
-        std::fs::create_dir_all(&dir).map_err(storage)?;
+        kaas_durable::create_dir_all(&dir).map_err(storage)?;
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -351,7 +351,8 @@ impl GroupManager {
         let dir = self.root.join(offsets::group_dir_name(&group.id));
         let storage = |e: String| GroupError::Storage(e);
         let root_existed = self.root.exists();
-        std::fs::create_dir_all(&dir).map_err(|e| storage(format!("{}: {e}", dir.display())))?;
+        kaas_durable::create_dir_all(&dir)
+            .map_err(|e| storage(format!("{}: {e}", dir.display())))?;
         // The id file is written tmp + fsync + rename + directory fsync; then the new
         // directory's own entry is made durable in its parent (and the parent's in the data
         // directory the first time), so a crash cannot lose a group that acknowledged a commit.

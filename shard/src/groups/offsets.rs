@@ -445,12 +445,7 @@ impl OffsetLog {
 
 /// Writes `path`'s directory entry durably (after creating a file or directory in it).
 pub fn sync_dir(path: &Path) -> Result<(), StorageError> {
-    let d = std::fs::File::open(path).map_err(|e| StorageError::Io {
-        op: "opening directory",
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    d.sync_all().map_err(|e| StorageError::Io {
+    kaas_durable::sync_dir(path).map_err(|e| StorageError::Io {
         op: "fsyncing directory",
         path: path.to_path_buf(),
         detail: e.to_string(),

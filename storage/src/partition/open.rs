@@ -13,7 +13,9 @@ impl PartitionLog {
         config: LogConfig,
         epoch: LeaderEpoch,
     ) -> Result<Rc<PartitionLog>, StorageError> {
-        std::fs::create_dir_all(&dir)
+        // Durably: the topic's and the partition's directory entries are fsynced into their
+        // parents, or a power cut can take every fsynced segment inside with them.
+        kaas_durable::create_dir_all(&dir)
             .map_err(|e| StorageError::io("creating partition directory", &dir, e))?;
         let stored = Manifest::load(&dir)?;
         let had_manifest = stored.is_some();

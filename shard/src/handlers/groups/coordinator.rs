@@ -4,7 +4,7 @@
 use super::*;
 
 /// The coordinator of `key` as (node id, host, port). Single-node: the registered broker list
-/// is this broker, so the SPEC's rule always answers this broker.
+/// is this broker, so the design's rule always answers this broker.
 pub(super) fn coordinator_address(shard: &Shard, key: &str) -> Option<(i32, String, i32)> {
     let id = shard.cluster.coordinator(key)?;
     shard
