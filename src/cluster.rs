@@ -32,15 +32,16 @@ use kaas_control::assignment::{
     assignment_chain, claim_epoch, diff, write_fenced, Assignment, AssignmentWatcher, FenceError,
     Health, DEFAULT_POLL_INTERVAL,
 };
-use kaas_control::balancer::{AliveBrokers, BalancePlanner, BrokerId, TopicCounts, TopicPartition};
+use kaas_control::balancer::{BrokerId, TopicCounts, TopicPartition};
 use kaas_control::election::ElectionConfig;
-use kaas_control::handover::{self, Standing, Timing};
+use kaas_control::handover::{self, Timing};
 use kaas_control::heartbeat::{
     ClientConfig, ControllerEvent, HeartbeatClient, HeartbeatServer, LocalStatus, ServerConfig,
 };
 use kaas_control::lease::file::FileLease;
 use kaas_control::lease::kube::KubeLease;
 use kaas_control::lease::{ElectionDriver, Leadership, LeaseBackend};
+use kaas_control::round;
 use kaas_control::set_if_changed;
 use kaas_shard::catalog::Catalog;
 use kaas_shard::cluster::{ClusterState, ClusterView, ControlMsg};
@@ -101,7 +102,7 @@ pub fn parse_identity(identity: &str) -> Option<(i32, String)> {
 /// What the shards expose to the control thread.
 pub struct Shards {
     pub view: Arc<ClusterView>,
-    pub control: Vec<futures::channel::mpsc::UnboundedSender<ControlMsg>>,
+    pub control: Vec<kaas_shard::control_channel::ControlSender>,
     pub catalog: Arc<Catalog>,
 }
 
@@ -374,7 +375,7 @@ async fn reload_catalog(shards: &Shards) {
     match tokio::task::spawn_blocking(move || c.reload()).await {
         Ok(Ok(true)) => {
             for tx in &shards.control {
-                let _ = tx.unbounded_send(ControlMsg::ConfigsChanged);
+                let _ = tx.send(ControlMsg::ConfigsChanged);
             }
         }
         Ok(Ok(false)) => {}
@@ -456,7 +457,7 @@ async fn apply_loop(
 async fn release_groups(shards: &Shards) {
     let waits = shards.control.iter().filter_map(|tx| {
         let (done, wait) = futures::channel::oneshot::channel();
-        tx.unbounded_send(ControlMsg::ReleaseGroups { done })
+        tx.send(ControlMsg::ReleaseGroups { done })
             .ok()
             .map(|_| wait)
     });
@@ -532,7 +533,7 @@ async fn send_to_shards(
                 .collect()
         };
         // A send to a stopped shard drops `done`, so the wait below reports it as failed.
-        let _ = shards.control[shard].unbounded_send(msg);
+        let _ = shards.control[shard].send(msg);
         waits.push(async move { wait.await.unwrap_or_else(|_| gone(copy)) });
     }
     let what = match kind {
@@ -774,35 +775,14 @@ async fn recompute(
     leadership: &watch::Receiver<Leadership>,
     bases: Bases,
 ) -> anyhow::Result<(Arc<Assignment>, Option<u64>)> {
-    // Start from the newer of the two by (epoch, version): a deposed controller's file
-    // carries a lower epoch, so it never becomes the base whatever its version.
-    // Shared, not copied: this runs five times a second over every partition.
-    let previous: Option<Arc<Assignment>> = [bases.last, bases.accepted]
-        .into_iter()
-        .flatten()
-        .max_by_key(|a| a.order_key());
     // Age silent brokers out now rather than at the server's next 1 s refresh.
     server.refresh();
-    let leading_for = lead_start.elapsed();
     // Brokers get this long to connect to a new controller before being counted as gone (they
     // see the new holder within a Lease retry period and dial at once). One that misses it
     // loses its partitions through the normal, safe handover.
     let grace =
         (config.status_interval * 2).max(Duration::from_millis(config.election.retry_period_ms));
-    let in_grace = leading_for < grace;
     let registry = server.registry();
-    let mut alive: AliveBrokers = server.alive().borrow().clone();
-    if in_grace {
-        if let Some(prev) = &previous {
-            // Not the previous controller: its Lease ran out, so it is most likely gone (if
-            // not, it reconnects and its partitions come back through the normal handover).
-            for b in prev.brokers.iter().filter(|b| b.health == Health::Alive) {
-                if registry.get(b.id).is_none() && Some(b.id) != prev_holder {
-                    alive.entry(b.id).or_insert_with(|| b.rack.clone());
-                }
-            }
-        }
-    }
     let topics: TopicCounts = shards
         .catalog
         .snapshot()
@@ -810,62 +790,33 @@ async fn recompute(
         .values()
         .map(|t| (t.name.clone(), t.partitions))
         .collect();
-    let base = handover::planning_base(previous.as_deref());
-    let plan = BalancePlanner::plan(&base, &alive, &topics);
-    let version = previous.as_ref().map_or(0, |p| p.assignment_version) + 1;
-    let now = std::time::Instant::now();
-    let gap = config.election_gap();
-    let standing = |b: BrokerId| {
-        let record = registry.get(b);
-        Standing {
-            applied: record.map(|r| {
-                (
-                    r.status.applied_controller_epoch,
-                    r.status.applied_assignment_version,
-                )
-            }),
-            silent_for: handover::silent_for(
-                record.map(|r| now.saturating_duration_since(r.last_seen)),
-                leading_for,
-                (Some(b) == prev_holder).then_some(gap),
-            ),
-        }
-    };
-    let (partitions, pending) = handover::next_leadership(
-        previous.as_deref(),
-        &plan.assignment,
-        (epoch, version),
-        standing,
-        &config.timing,
-    );
-    let mut rows = server.broker_rows(previous.as_ref().map_or(&[][..], |p| &p.brokers));
-    if in_grace {
-        // Not heard yet is not dead yet: keep their previous health until the grace ends, so
-        // group coordinators do not move while brokers reconnect to a new controller.
-        if let Some(prev) = &previous {
-            for row in &mut rows {
-                if registry.get(row.id).is_none() {
-                    if let Some(p) = prev.broker(row.id) {
-                        row.health = p.health;
-                    }
-                }
-            }
-        }
-    }
-    let mut next = Assignment::new(epoch, version, rows, partitions, []);
-    next.pending = pending;
-    let unchanged = previous.as_ref().is_some_and(|p| {
-        p.controller_epoch == epoch
-            && p.brokers == next.brokers
-            && p.partitions == next.partitions
-            && p.pending == next.pending
+    // Shared, not copied: this runs five times a second over every partition.
+    let candidates = [bases.last.as_ref(), bases.accepted.as_ref()];
+    let previous: Option<Arc<Assignment>> = round::newest_base(candidates).cloned();
+    let leading_for = lead_start.elapsed();
+    let decided = round::controller_round(&round::RoundInputs {
+        epoch,
+        leading_for,
+        grace,
+        previous_holder: prev_holder,
+        gap: config.election_gap(),
+        bases: candidates,
+        registry: &registry,
+        alive_timeout: config.timing.release_after,
+        topics: &topics,
+        timing: &config.timing,
+        now: std::time::Instant::now(),
     });
-    if unchanged {
-        return Ok((
-            previous.expect("unchanged implies a previous file"),
-            bases.seq,
-        ));
-    }
+    let next = match decided {
+        round::Round::Unchanged => {
+            return Ok((
+                previous.expect("unchanged implies a previous file"),
+                bases.seq,
+            ))
+        }
+        round::Round::Write(next) => next,
+    };
+    let version = next.assignment_version;
     // The exact gate, right before acting: a controller paused past its deadline must not
     // write (and if the write itself is what got paused, followers fence it by epoch).
     if !leadership.borrow().leads_now() {
@@ -901,7 +852,7 @@ async fn recompute(
         partitions = written.partitions.len(),
         newly_led = moved,
         pending = pending_n,
-        alive = ?alive.keys().map(|b| b.0).collect::<Vec<_>>(),
+        alive = ?written.brokers.iter().filter(|b| b.health == Health::Alive).map(|b| b.id.0).collect::<Vec<_>>(),
         seq = written_seq,
         ms_since_elected = leading_for.as_millis() as u64,
         "wrote assignment.json"

@@ -203,6 +203,14 @@ pub fn next_leadership(
             });
         }
     }
+    // The rule's point: a partition in transit has no leader in the file (nobody may write it
+    // until its holder stopped), and moves only between two different brokers.
+    debug_assert!(
+        pending
+            .iter()
+            .all(|m| !partitions.contains_key(&m.tp()) && m.from != m.to),
+        "a pending move names a leader"
+    );
     (partitions, pending)
 }
 

@@ -15,6 +15,7 @@ pub mod handover;
 pub mod health;
 pub mod heartbeat;
 pub mod lease;
+pub mod round;
 
 /// Publishes `value` on a `watch` channel unless it already holds an equal value, so receivers
 /// wake only for real changes (a re-published alive set or Lease view would otherwise make

@@ -227,6 +227,7 @@ impl World {
         Ok(self.lease.clone())
     }
 
+    #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
     fn apply(&mut self, e: &Event) {
         let now = self.now;
         match *e {

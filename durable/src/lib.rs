@@ -135,8 +135,12 @@ mod tests {
         replace_file(&target, &tmp, b"two").unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"two");
         assert!(!tmp.exists());
-        let e = replace_file(&root.path().join("missing/x"), &root.path().join("missing/t"), b"")
-            .unwrap_err();
+        let e = replace_file(
+            &root.path().join("missing/x"),
+            &root.path().join("missing/t"),
+            b"",
+        )
+        .unwrap_err();
         assert_eq!(e.op, "creating");
     }
 }

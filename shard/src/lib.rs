@@ -12,6 +12,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod config;
 mod conn;
+pub mod control_channel;
 pub mod disk;
 pub mod errors;
 pub mod groups;
@@ -50,7 +51,7 @@ pub struct BrokerRuntime {
     /// Connection and request-memory admission, shared by every shard.
     pub admission: Arc<Admission>,
     /// One sender per shard for [`ControlMsg`]s (cluster mode: take over, relinquish).
-    pub control: Vec<futures::channel::mpsc::UnboundedSender<ControlMsg>>,
+    pub control: Vec<control_channel::ControlSender>,
     shutdown: Arc<AtomicBool>,
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
 }
@@ -82,6 +83,7 @@ impl BrokerRuntime {
 /// Starts `config.shards` executors and returns once every one has bound its listener (or
 /// reports the first failure, e.g. io_uring unavailable or the port taken). `cluster` is the
 /// view the control thread keeps up to date ([`ClusterView::single`] for a single node).
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRuntime, StartError> {
     kaas_durable::create_dir_all(&config.data_dir).map_err(|e| StartError::Shard {
         shard: 0,
@@ -123,7 +125,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
     let mut handles = Vec::new();
     let mut control = Vec::new();
     for (id, probe) in probes.iter().enumerate() {
-        let (control_tx, control_rx) = futures::channel::mpsc::unbounded();
+        let (control_tx, control_rx) = control_channel::control_channel();
         control.push(control_tx);
         let cluster = cluster.clone();
         let admission = admission.clone();
@@ -161,7 +163,16 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
                     cluster,
                     admission,
                 ));
-                glommio::spawn_local(serve_control(shard.clone(), control_rx)).detach();
+                // Latency-sensitive, like the mesh: an accepted assignment must not wait behind
+                // a shard's produce traffic.
+                let control_queue = glommio::executor().create_task_queue(
+                    Shares::default(),
+                    Latency::Matters(Duration::from_millis(1)),
+                    "control",
+                );
+                glommio::spawn_local_into(serve_control(shard.clone(), control_rx), control_queue)
+                    .expect("control task queue exists")
+                    .detach();
                 run_shard(shard, config, probe, shutdown, mesh.0, ready).await
             })
             .map_err(|e| StartError::Shard {
@@ -245,12 +256,15 @@ fn explain_start_error(e: &str) -> String {
 
 /// Carries out the control thread's take-overs and relinquishes for this shard, one message at
 /// a time and in order (a relinquish must finish before the next assignment's take-overs).
-async fn serve_control(
-    shard: Rc<Shard>,
-    mut inbox: futures::channel::mpsc::UnboundedReceiver<ControlMsg>,
-) {
-    use futures::StreamExt;
-    while let Some(msg) = inbox.next().await {
+async fn serve_control(shard: Rc<Shard>, inbox: control_channel::ControlReceiver) {
+    while let Some((msg, waited)) = inbox.recv().await {
+        if waited > Duration::from_millis(50) {
+            tracing::debug!(
+                shard = shard.id,
+                waited_ms = waited.as_millis() as u64,
+                "a control message waited in the shard's queue"
+            );
+        }
         match msg {
             ControlMsg::Relinquish { partitions, done } => {
                 let closes = partitions

@@ -86,6 +86,7 @@ impl Shard {
             &config.data_dir,
             config.group.clone(),
             cluster.enabled(),
+            config.sync_scope,
         );
         Shard {
             id,

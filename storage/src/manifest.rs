@@ -4,7 +4,6 @@
 //! manifest, never a torn one. The leader epoch in it never goes down: [`Manifest::store`] is
 //! only called with an epoch at least the stored one (checked by the caller, `PartitionLog`).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};

@@ -312,6 +312,7 @@ fn moved_away(controller: &mut watch::Receiver<Option<String>>, addr: &str) -> b
     controller.borrow_and_update().as_deref() != Some(addr)
 }
 
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 async fn session(
     config: &ClientConfig,
     addr: &str,

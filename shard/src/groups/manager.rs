@@ -106,6 +106,9 @@ pub struct GroupManager {
     shared_volume: bool,
     /// The group locks held, by group id (cluster mode).
     claims: RefCell<HashMap<String, std::fs::File>>,
+    /// How offset commits are made durable: the broker's `--sync-scope`, as for partitions
+    /// (a `syncfs` that the data volume does not honour would lose acknowledged commits).
+    sync_scope: kaas_storage::SyncScope,
 }
 
 /// The lock file inside a group's directory (cluster mode).
@@ -118,9 +121,11 @@ impl GroupManager {
         data_dir: &Path,
         config: GroupConfig,
         shared_volume: bool,
+        sync_scope: kaas_storage::SyncScope,
     ) -> Self {
         GroupManager {
             shared_volume,
+            sync_scope,
             claims: RefCell::new(HashMap::new()),
             shard_id,
             nshards,
@@ -189,7 +194,13 @@ impl GroupManager {
                     let _ = std::fs::remove_dir_all(&dir);
                     continue;
                 }
-                match OffsetLog::open(dir.clone(), self.config.offsets_segment_bytes).await {
+                match OffsetLog::open(
+                    dir.clone(),
+                    self.config.offsets_segment_bytes,
+                    self.sync_scope,
+                )
+                .await
+                {
                     Ok((log, table)) => {
                         let kind = GroupKind::Classic(ClassicGroup::new(
                             &group_id,
@@ -248,9 +259,13 @@ impl GroupManager {
         // Any state in memory predates the claim; the disk is the truth now.
         self.groups.borrow_mut().remove(group_id);
         if dir.join(GROUP_ID_FILE).exists() {
-            let (log, table) = OffsetLog::open(dir.clone(), self.config.offsets_segment_bytes)
-                .await
-                .map_err(|e| GroupError::Storage(e.to_string()))?;
+            let (log, table) = OffsetLog::open(
+                dir.clone(),
+                self.config.offsets_segment_bytes,
+                self.sync_scope,
+            )
+            .await
+            .map_err(|e| GroupError::Storage(e.to_string()))?;
             let kind = GroupKind::Classic(ClassicGroup::new(
                 group_id,
                 self.config.initial_rebalance_delay_ms,
@@ -362,7 +377,7 @@ impl GroupManager {
         if !root_existed {
             offsets::sync_dir(&self.data_dir).map_err(|e| storage(e.to_string()))?;
         }
-        let (log, table) = OffsetLog::open(dir, self.config.offsets_segment_bytes)
+        let (log, table) = OffsetLog::open(dir, self.config.offsets_segment_bytes, self.sync_scope)
             .await
             .map_err(|e| storage(e.to_string()))?;
         if !table.is_empty() {

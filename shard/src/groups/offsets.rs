@@ -284,6 +284,7 @@ impl OffsetLog {
     pub async fn open(
         dir: PathBuf,
         segment_bytes: u64,
+        sync_scope: kaas_storage::SyncScope,
     ) -> Result<(Rc<OffsetLog>, OffsetTable), StorageError> {
         let log = PartitionLog::open(
             dir.clone(),
@@ -294,6 +295,7 @@ impl OffsetLog {
                 retention_ms: -1,
                 retention_bytes: -1,
                 delete_enabled: false,
+                sync_scope,
                 ..LogConfig::default()
             },
             LeaderEpoch(0),
@@ -521,12 +523,16 @@ mod tests {
     // Commits survive a reopen; snapshots shrink the log without losing any commit, including
     // commits written concurrently with the snapshot; deletions stay deleted.
     #[test]
+    #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
     fn log_replays_and_snapshots() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g");
         run(move || async move {
             let segment = 64 << 10;
-            let (log, table) = OffsetLog::open(path.clone(), segment).await.unwrap();
+            let (log, table) =
+                OffsetLog::open(path.clone(), segment, kaas_storage::SyncScope::default())
+                    .await
+                    .unwrap();
             assert!(table.is_empty());
             let table = Rc::new(std::cell::RefCell::new(table));
             let mut want = OffsetTable::new();
@@ -597,7 +603,10 @@ mod tests {
                 log.size_bytes()
             );
             log.close().await.unwrap();
-            let (reopened, replayed) = OffsetLog::open(path, segment).await.unwrap();
+            let (reopened, replayed) =
+                OffsetLog::open(path, segment, kaas_storage::SyncScope::default())
+                    .await
+                    .unwrap();
             assert_eq!(replayed, want);
             reopened.close().await.unwrap();
         });

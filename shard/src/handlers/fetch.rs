@@ -44,6 +44,7 @@ struct Wanted {
     max_bytes: usize,
 }
 
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchResponseOut {
     let started = Instant::now();
     let max_wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);

@@ -103,6 +103,13 @@ impl PartitionLog {
             if result.is_ok() {
                 fl.durable_end = fl.durable_end.max(target);
             }
+            // Nothing is durable that was not written (the target was read from the log end).
+            debug_assert!(
+                fl.durable_end <= self.state.borrow().log_end_offset,
+                "durable end {} past the log end {}",
+                fl.durable_end,
+                self.state.borrow().log_end_offset
+            );
             let durable = fl.durable_end;
             let waiters = std::mem::take(&mut fl.waiters);
             for (end, w) in waiters {

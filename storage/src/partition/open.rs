@@ -8,6 +8,7 @@ impl PartitionLog {
     /// is verified and the log is cut at the first invalid byte before any write is accepted.
     /// `epoch` is the leader epoch to serve at; the stored epoch never goes down, and a higher
     /// one starts a new segment before the first write.
+    #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
     pub async fn open(
         dir: PathBuf,
         config: LogConfig,

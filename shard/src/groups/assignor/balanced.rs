@@ -185,6 +185,7 @@ struct Pool {
 }
 
 /// Computes the balanced, cost-minimal assignment described in the module docs.
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub(crate) fn assign(
     members: &[MemberSpec],
     topics: &BTreeMap<String, TopicSpec>,

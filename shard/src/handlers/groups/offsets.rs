@@ -58,6 +58,7 @@ pub async fn offset_commit(
 }
 
 /// Runs on the group's shard: validates the committer, then makes the offsets durable.
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub(super) async fn commit_on_owner(
     s: &Rc<Shard>,
     gid: &str,
@@ -358,6 +359,7 @@ pub(super) fn fetch_on_owner(s: &Rc<Shard>, want: FetchGroup) -> FetchedGroup {
     }
 }
 
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub async fn offset_delete(shard: &Rc<Shard>, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
     let gid = req.group_id.to_string();
     let shape: Vec<(String, Vec<i32>)> = req

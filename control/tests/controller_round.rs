@@ -1,0 +1,246 @@
+//! Why: `controller_round` decides what the controller writes; these properties are the
+//! handover's safety claims (docs/DESIGN.md, `control/src/handover.rs`) checked over random
+//! clusters, bases, registries and clocks rather than four examples.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kaas_control::assignment::{Assignment, BrokerEntry, Health};
+use kaas_control::balancer::{BrokerId, TopicCounts};
+use kaas_control::handover::Timing;
+use kaas_control::heartbeat::BrokerRegistry;
+use kaas_control::round::{controller_round, newest_base, Round, RoundInputs};
+use kaas_proto::heartbeat::BrokerStatus;
+use proptest::prelude::*;
+
+const TIMING: Timing = Timing {
+    broker_fence: Duration::from_millis(2_500),
+    release_after: Duration::from_millis(3_500),
+};
+const GRACE: Duration = Duration::from_secs(2);
+const GAP: Duration = Duration::from_secs(5);
+
+/// One broker as the registry heard it: (id, heard?, ms since its last status, healthy,
+/// draining, applied file).
+type Heard = (i32, bool, u64, bool, bool, (u64, u64));
+
+#[derive(Debug, Clone)]
+struct World {
+    epoch: u64,
+    leading_for_ms: u64,
+    /// The previous file: epoch, version, leaders of topic `t` (by partition), alive rows.
+    base: Option<(u64, u64, Vec<i32>, Vec<bool>)>,
+    heard: Vec<Heard>,
+    partitions: i32,
+    previous_holder: Option<i32>,
+}
+
+fn world() -> impl Strategy<Value = World> {
+    let brokers = 4i32;
+    (
+        2u64..6,
+        0u64..8_000,
+        prop::option::of((
+            1u64..6,
+            1u64..50,
+            prop::collection::vec(0..brokers, 1..12),
+            prop::collection::vec(any::<bool>(), brokers as usize),
+        )),
+        prop::collection::vec(
+            (
+                any::<bool>(),
+                0u64..8_000,
+                prop::bool::weighted(0.9),
+                prop::bool::weighted(0.1),
+                (0u64..7, 0u64..60),
+            ),
+            brokers as usize,
+        ),
+        1i32..12,
+        prop::option::of(0..brokers),
+    )
+        .prop_map(
+            |(epoch, leading_for_ms, base, heard, partitions, previous_holder)| World {
+                epoch,
+                leading_for_ms,
+                base,
+                heard: heard
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (h, age, ok, dr, ap))| (i as i32, h, age, ok, dr, ap))
+                    .collect(),
+                partitions,
+                previous_holder,
+            },
+        )
+}
+
+fn row(id: i32, alive: bool) -> BrokerEntry {
+    BrokerEntry {
+        id: BrokerId(id),
+        host: format!("b{id}"),
+        port: 9092,
+        rack: None,
+        health: if alive { Health::Alive } else { Health::Dead },
+    }
+}
+
+fn base_file(w: &World) -> Option<Arc<Assignment>> {
+    let (epoch, version, leaders, alive) = w.base.as_ref()?;
+    let rows = alive
+        .iter()
+        .enumerate()
+        .map(|(i, a)| row(i as i32, *a))
+        .collect();
+    let partitions = leaders
+        .iter()
+        .enumerate()
+        .map(|(p, l)| {
+            (
+                kaas_control::balancer::TopicPartition::new("t", p as i32),
+                BrokerId(*l),
+            )
+        })
+        .collect();
+    Some(Arc::new(Assignment::new(
+        *epoch,
+        *version,
+        rows,
+        partitions,
+        [],
+    )))
+}
+
+fn registry(w: &World, now: Instant) -> BrokerRegistry {
+    let mut r = BrokerRegistry::new(None);
+    for (i, &(id, heard, age_ms, healthy, draining, applied)) in w.heard.iter().enumerate() {
+        if !heard {
+            continue;
+        }
+        let status = BrokerStatus {
+            broker_id: id,
+            advertised_host: format!("b{id}"),
+            advertised_port: 9092,
+            healthy,
+            draining,
+            sequence: 1,
+            applied_controller_epoch: applied.0,
+            applied_assignment_version: applied.1,
+            ..Default::default()
+        };
+        assert!(r.record(i as u64 + 1, status, now - Duration::from_millis(age_ms)));
+    }
+    r
+}
+
+fn decide(w: &World, base: Option<&Arc<Assignment>>, now: Instant) -> Round {
+    let reg = registry(w, now);
+    let topics: TopicCounts = [("t".to_string(), w.partitions)].into_iter().collect();
+    controller_round(&RoundInputs {
+        epoch: w.epoch,
+        leading_for: Duration::from_millis(w.leading_for_ms),
+        grace: GRACE,
+        previous_holder: w.previous_holder.map(BrokerId),
+        gap: GAP,
+        bases: [base, None],
+        registry: &reg,
+        alive_timeout: TIMING.release_after,
+        topics: &topics,
+        timing: &TIMING,
+        now,
+    })
+}
+
+proptest! {
+    // Writing what a round decided and deciding again from it writes nothing more, unless the
+    // first file is still waiting on a handover (then the second round may only resolve it).
+    #[test]
+    fn unchanged_inputs_write_nothing(w in world()) {
+        let now = Instant::now() + Duration::from_secs(60);
+        let base = base_file(&w);
+        // A base from a later epoch would be refused by the brokers; rounds never see one.
+        prop_assume!(base.as_ref().is_none_or(|b| b.controller_epoch <= w.epoch));
+        if let Round::Write(first) = decide(&w, base.as_ref(), now) {
+            let first = Arc::new(first);
+            match decide(&w, Some(&first), now) {
+                Round::Unchanged => {}
+                Round::Write(second) => prop_assert!(
+                    !first.pending.is_empty(),
+                    "a settled file was rewritten: {first:?} then {second:?}"
+                ),
+            }
+        }
+    }
+
+    // The base is the newest by (epoch, version) whichever slot holds it.
+    #[test]
+    fn a_lower_epoch_never_wins(a in (1u64..9, 1u64..99), b in (1u64..9, 1u64..99)) {
+        let file = |(e, v): (u64, u64)| Arc::new(Assignment::new(e, v, vec![row(0, true)], Default::default(), []));
+        let (fa, fb) = (file(a), file(b));
+        let want = a.max(b);
+        prop_assert_eq!(newest_base([Some(&fa), Some(&fb)]).unwrap().order_key(), want);
+        prop_assert_eq!(newest_base([Some(&fb), Some(&fa)]).unwrap().order_key(), want);
+        prop_assert_eq!(newest_base([None, Some(&fa)]).unwrap().order_key(), a);
+    }
+
+    // Within the grace period after winning the Lease, a broker the base had alive and that
+    // has not reconnected yet keeps its row's health, and no other broker gets its partitions.
+    #[test]
+    fn grace_drops_no_previously_alive_broker(w in world()) {
+        let now = Instant::now() + Duration::from_secs(60);
+        let w = World { leading_for_ms: w.leading_for_ms % GRACE.as_millis() as u64, ..w };
+        let base = base_file(&w);
+        prop_assume!(base.as_ref().is_some_and(|b| b.controller_epoch <= w.epoch));
+        let base = base.unwrap();
+        let next = match decide(&w, Some(&base), now) {
+            Round::Unchanged => return Ok(()),
+            Round::Write(next) => next,
+        };
+        for b in base.brokers.iter().filter(|b| b.health == Health::Alive) {
+            let heard = w.heard.iter().any(|h| h.0 == b.id.0 && h.1);
+            if heard || Some(b.id.0) == w.previous_holder {
+                continue;
+            }
+            prop_assert_eq!(next.broker(b.id).map(|r| r.health), Some(Health::Alive), "row of {:?}", b.id);
+            // Its partitions may be evened out, but only through a pending move: none is
+            // given to another broker while it may still be writing.
+            for (tp, leader) in &base.partitions {
+                if *leader == b.id && tp.partition < w.partitions {
+                    let now_led = next.leader(tp);
+                    prop_assert!(now_led.is_none() || now_led == Some(b.id), "{:?} left {:?} during grace for {:?}", tp, b.id, now_led);
+                }
+            }
+        }
+    }
+
+    // A partition changes leader only once its old leader confirmed (applied a file at least
+    // as new as the one that took it away — here, this round's) or has been silent past its
+    // release time; until then it is pending and has no leader.
+    #[test]
+    fn no_new_leader_before_the_old_one_stopped(w in world()) {
+        let now = Instant::now() + Duration::from_secs(60);
+        let base = base_file(&w);
+        prop_assume!(base.as_ref().is_some_and(|b| b.controller_epoch <= w.epoch));
+        let base = base.unwrap();
+        let next = match decide(&w, Some(&base), now) {
+            Round::Unchanged => return Ok(()),
+            Round::Write(next) => next,
+        };
+        for (tp, old) in &base.partitions {
+            let Some(new) = next.leader(tp) else { continue };
+            if new == *old {
+                continue;
+            }
+            let heard = w.heard.iter().find(|h| h.0 == old.0 && h.1);
+            let silent_ms = match heard {
+                Some(h) => h.2.min(w.leading_for_ms + if w.previous_holder == Some(old.0) { GAP.as_millis() as u64 } else { 0 }),
+                None => w.leading_for_ms + if w.previous_holder == Some(old.0) { GAP.as_millis() as u64 } else { 0 },
+            };
+            let silent = Duration::from_millis(silent_ms) >= TIMING.release_after;
+            prop_assert!(silent, "{tp:?} moved from {old:?} (silent {silent_ms} ms) to {new:?} without a handover");
+        }
+        for m in &next.pending {
+            prop_assert!(next.leader(&m.tp()).is_none(), "pending {m:?} names a leader");
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! Unit tests of `classic.rs`, kept beside it so the state machine reads on its own.
+
+use super::*;
+
+const MIN: i32 = 6000;
+const MAX: i32 = 300_000;
+
+fn args(member_id: &str, protocols: &[&str]) -> JoinArgs {
+    JoinArgs {
+        member_id: member_id.into(),
+        instance_id: None,
+        client_id: "c".into(),
+        client_host: "/h".into(),
+        session_timeout_ms: 10_000,
+        rebalance_timeout_ms: 30_000,
+        protocol_type: "consumer".into(),
+        protocols: protocols
+            .iter()
+            .map(|p| (p.to_string(), Bytes::from_static(b"meta")))
+            .collect(),
+        require_known_member_id: true,
+        supports_skip_assignment: true,
+    }
+}
+
+fn now_result(r: Reply<JoinResult>) -> JoinResult {
+    match r {
+        Reply::Now(r) => r,
+        Reply::Later(_) => panic!("expected an immediate answer"),
+    }
+}
+
+fn later<T>(r: Reply<T>) -> oneshot::Receiver<T> {
+    match r {
+        Reply::Later(rx) => rx,
+        Reply::Now(_) => panic!("expected to wait"),
+    }
+}
+
+fn ready<T>(rx: &mut oneshot::Receiver<T>) -> Option<T> {
+    rx.try_recv().expect("sender alive or answered")
+}
+
+/// Joins a new dynamic member through KIP-394 and returns its id and pending answer.
+fn join_new(
+    g: &mut ClassicGroup,
+    now: Instant,
+    protocols: &[&str],
+) -> (String, oneshot::Receiver<JoinResult>) {
+    let first = now_result(g.join(args("", protocols), now, MIN, MAX));
+    assert_eq!(first.error, Some(GroupError::MemberIdRequired));
+    let id = first.member_id.clone();
+    let rx = later(g.join(args(&id, protocols), now, MIN, MAX));
+    (id, rx)
+}
+
+// KIP-394, the initial delay, leader election, and sync distribute the leader's assignment.
+#[test]
+fn first_generation() {
+    let t0 = Instant::now();
+    let mut g = ClassicGroup::new("g", 100);
+    let (a, mut ra) = join_new(&mut g, t0, &["range"]);
+    let (b, mut rb) = join_new(&mut g, t0 + Duration::from_millis(50), &["range"]);
+    assert_eq!(g.state, ClassicState::PreparingRebalance);
+    g.tick(t0 + Duration::from_millis(100));
+    assert!(ready(&mut ra).is_none(), "the delay was extended by b");
+    g.tick(t0 + Duration::from_millis(151));
+    let ja = ready(&mut ra).unwrap();
+    let jb = ready(&mut rb).unwrap();
+    assert_eq!(ja.generation, 1);
+    assert_eq!(ja.leader, a);
+    assert_eq!(ja.members.len(), 2);
+    assert!(jb.members.is_empty());
+    assert_eq!(ja.protocol_name.as_deref(), Some("range"));
+    assert_eq!(g.state, ClassicState::CompletingRebalance);
+
+    let t1 = t0 + Duration::from_millis(200);
+    let mut sb = later(g.sync(
+        MemberRef {
+            member_id: &b,
+            instance_id: None,
+            generation: 1,
+        },
+        None,
+        None,
+        vec![],
+        t1,
+    ));
+    assert!(ready(&mut sb).is_none());
+    let mut sa = later(g.sync(
+        MemberRef {
+            member_id: &a,
+            instance_id: None,
+            generation: 1,
+        },
+        Some("consumer"),
+        Some("range"),
+        vec![
+            (a.clone(), Bytes::from_static(b"A")),
+            (b.clone(), Bytes::from_static(b"B")),
+        ],
+        t1,
+    ));
+    assert_eq!(ready(&mut sa).unwrap().assignment, Bytes::from_static(b"A"));
+    assert_eq!(ready(&mut sb).unwrap().assignment, Bytes::from_static(b"B"));
+    assert_eq!(g.state, ClassicState::Stable);
+    assert!(g
+        .heartbeat(
+            MemberRef {
+                member_id: &a,
+                instance_id: None,
+                generation: 1
+            },
+            t1
+        )
+        .is_ok());
+    assert!(matches!(
+        g.heartbeat(
+            MemberRef {
+                member_id: &a,
+                instance_id: None,
+                generation: 0
+            },
+            t1
+        ),
+        Err(GroupError::IllegalGeneration(_))
+    ));
+    assert!(matches!(
+        g.heartbeat(
+            MemberRef {
+                member_id: "nobody",
+                instance_id: None,
+                generation: 1
+            },
+            t1
+        ),
+        Err(GroupError::UnknownMemberId(_))
+    ));
+}
+
+fn stable_pair(t0: Instant) -> (ClassicGroup, String, String) {
+    let mut g = ClassicGroup::new("g", 0);
+    let (a, mut ra) = join_new(&mut g, t0, &["range"]);
+    assert!(ready(&mut ra).is_some(), "no delay: a completes alone");
+    // b joins a group that already has a generation: everyone rejoins.
+    let (b, mut rb) = join_new(&mut g, t0, &["range"]);
+    assert_eq!(g.state, ClassicState::PreparingRebalance);
+    let mut ra = later(g.join(args(&a, &["range"]), t0, MIN, MAX));
+    let ja = ready(&mut ra).unwrap();
+    let _ = ready(&mut rb).unwrap();
+    assert_eq!(ja.generation, 2);
+    let _ = g.sync(
+        MemberRef {
+            member_id: &a,
+            instance_id: None,
+            generation: 2,
+        },
+        None,
+        None,
+        vec![],
+        t0,
+    );
+    let _ = g.sync(
+        MemberRef {
+            member_id: &b,
+            instance_id: None,
+            generation: 2,
+        },
+        None,
+        None,
+        vec![],
+        t0,
+    );
+    assert_eq!(g.state, ClassicState::Stable);
+    (g, a, b)
+}
+
+// A leaving member triggers a rebalance that completes as soon as the rest rejoin.
+#[test]
+fn leave_rebalances() {
+    let t0 = Instant::now();
+    let (mut g, a, b) = stable_pair(t0);
+    assert_eq!(g.leave(&a, None, t0).unwrap(), a);
+    assert_eq!(g.state, ClassicState::PreparingRebalance);
+    assert_eq!(
+        g.heartbeat(
+            MemberRef {
+                member_id: &b,
+                instance_id: None,
+                generation: 2
+            },
+            t0
+        ),
+        Err(GroupError::RebalanceInProgress)
+    );
+    let mut rb = later(g.join(args(&b, &["range"]), t0, MIN, MAX));
+    let jb = ready(&mut rb).unwrap();
+    assert_eq!(jb.generation, 3);
+    assert_eq!(jb.leader, b);
+    assert_eq!(jb.members.len(), 1);
+    assert!(matches!(
+        g.leave("zzz", None, t0),
+        Err(GroupError::UnknownMemberId(_))
+    ));
+}
+
+// A member that stops heartbeating is removed after its session timeout; the last one
+// leaving empties the group, and an empty group accepts simple commits only.
+#[test]
+fn session_expiry() {
+    let t0 = Instant::now();
+    let (mut g, a, b) = stable_pair(t0);
+    let t1 = t0 + Duration::from_millis(9_000);
+    g.heartbeat(
+        MemberRef {
+            member_id: &b,
+            instance_id: None,
+            generation: 2,
+        },
+        t1,
+    )
+    .unwrap();
+    g.tick(t0 + Duration::from_millis(10_000));
+    assert!(!g.members.contains_key(&a));
+    assert_eq!(g.state, ClassicState::PreparingRebalance);
+    // b rejoins; then b stops too.
+    let mut rb = later(g.join(args(&b, &["range"]), t1, MIN, MAX));
+    assert_eq!(ready(&mut rb).unwrap().generation, 3);
+    assert!(g
+        .validate_commit(MemberRef {
+            member_id: "",
+            instance_id: None,
+            generation: -1
+        })
+        .is_err());
+    g.tick(t1 + Duration::from_secs(60));
+    assert_eq!(g.state, ClassicState::Empty);
+    assert!(g
+        .validate_commit(MemberRef {
+            member_id: "",
+            instance_id: None,
+            generation: -1
+        })
+        .is_ok());
+}
+
+// Protocols: a member with no protocol in common is refused; the majority choice wins.
+#[test]
+fn protocol_selection() {
+    let t0 = Instant::now();
+    let mut g = ClassicGroup::new("g", 0);
+    let (_, mut r1) = join_new(&mut g, t0, &["cooperative-sticky", "range"]);
+    ready(&mut r1).unwrap();
+    let refused = now_result(g.join(args("", &["roundrobin"]), t0, MIN, MAX));
+    assert!(matches!(
+        refused.error,
+        Some(GroupError::InconsistentGroupProtocol(_))
+    ));
+    let short = JoinArgs {
+        session_timeout_ms: 10,
+        ..args("", &["range"])
+    };
+    assert!(matches!(
+        now_result(g.join(short, t0, MIN, MAX)).error,
+        Some(GroupError::InvalidSessionTimeout { .. })
+    ));
+    g.members.values_mut().for_each(|m| {
+        m.join_waiter = None;
+    });
+    let (_, _r2) = join_new(&mut g, t0, &["range", "cooperative-sticky"]);
+    let (_, _r3) = join_new(&mut g, t0, &["range"]);
+    g.tick(t0 + Duration::from_secs(31));
+    assert_eq!(g.protocol_name.as_deref(), Some("range"));
+}
+
+// Static membership: a restarted instance takes over without a rebalance; the old id is
+// fenced.
+#[test]
+fn static_member_rejoin() {
+    let t0 = Instant::now();
+    let mut g = ClassicGroup::new("g", 0);
+    let mut a = args("", &["range"]);
+    a.instance_id = Some("i-1".into());
+    let mut r = later(g.join(a.clone(), t0, MIN, MAX));
+    let j = ready(&mut r).unwrap();
+    let old = j.member_id.clone();
+    let _ = g.sync(
+        MemberRef {
+            member_id: &old,
+            instance_id: Some("i-1"),
+            generation: 1,
+        },
+        None,
+        None,
+        vec![(old.clone(), Bytes::from_static(b"X"))],
+        t0,
+    );
+    assert_eq!(g.state, ClassicState::Stable);
+    let j2 = now_result(g.join(a, t0, MIN, MAX));
+    assert_eq!(j2.error, None);
+    assert_ne!(j2.member_id, old);
+    assert_eq!(j2.generation, 1, "no rebalance");
+    assert!(j2.skip_assignment);
+    assert!(matches!(
+        g.heartbeat(
+            MemberRef {
+                member_id: &old,
+                instance_id: Some("i-1"),
+                generation: 1
+            },
+            t0
+        ),
+        Err(GroupError::FencedInstanceId(_))
+    ));
+    let s = match g.sync(
+        MemberRef {
+            member_id: &j2.member_id,
+            instance_id: Some("i-1"),
+            generation: 1,
+        },
+        None,
+        None,
+        vec![],
+        t0,
+    ) {
+        Reply::Now(s) => s,
+        Reply::Later(_) => panic!("stable group answers at once"),
+    };
+    assert_eq!(s.assignment, Bytes::from_static(b"X"));
+}
+
+// The consumer protocol's subscription header parses; garbage does not panic.
+#[test]
+fn subscription_parse() {
+    let mut b = vec![0u8, 1, 0, 0, 0, 2];
+    for t in ["ab", "c"] {
+        b.extend_from_slice(&(t.len() as i16).to_be_bytes());
+        b.extend_from_slice(t.as_bytes());
+    }
+    b.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+    assert_eq!(parse_subscription_topics(&b).unwrap(), vec!["ab", "c"]);
+    for cut in 0..b.len() {
+        let _ = parse_subscription_topics(&b[..cut]);
+    }
+}
