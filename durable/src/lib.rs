@@ -25,14 +25,18 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// parent (the parent of the topmost new one included). Directories that already existed are
 /// left as they are. Safe against another process creating the same directories at once.
 pub fn create_dir_all(path: &Path) -> io::Result<()> {
-    if path.is_dir() {
-        return Ok(());
-    }
-    if path.exists() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a directory", path.display()),
-        ));
+    // One look, not two: another broker on the shared volume may create the directory
+    // between an `is_dir` and an `exists` (three brokers starting together failed that way).
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a directory", path.display()),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
     // The missing components, deepest first.
     let mut missing: Vec<&Path> = Vec::new();
@@ -114,6 +118,30 @@ mod tests {
         assert!(deep.is_dir());
         create_dir_all(&deep).unwrap();
         create_dir_all(root.path()).unwrap();
+    }
+
+    // Brokers starting together create the same directories at once: every one succeeds
+    // (one of three brokers refused to start, "exists and is not a directory").
+    #[test]
+    fn concurrent_creators_all_succeed() {
+        let root = tempfile::tempdir().unwrap();
+        for round in 0..300 {
+            let deep = std::sync::Arc::new(root.path().join(format!("d{round}")));
+            let start = std::sync::Arc::new(std::sync::Barrier::new(6));
+            let threads: Vec<_> = (0..6)
+                .map(|_| {
+                    let (deep, start) = (deep.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        create_dir_all(&deep)
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap().unwrap();
+            }
+            assert!(deep.is_dir());
+        }
     }
 
     // A file where a directory should be is an error, not a silent success.
