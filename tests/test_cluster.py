@@ -308,6 +308,74 @@ def test_led_partitions_past_the_open_file_budget_close_and_reopen(make_cluster)
         load.abort()
 
 
+class RefusalProbe:
+    """A producer without retries writing acks=all to every partition of `topic` from a thread,
+    sorting each outcome: acknowledged (value → where), refused as not leader, answered
+    "possibly persisted" (REQUEST_TIMED_OUT), or another error. `check` then holds the log to
+    what was said: every acknowledgement kept, nothing stored twice, nothing refused as not
+    leader stored anyway — librdkafka retries NOT_LEADER_OR_FOLLOWER even with retries=0 (it
+    means "not written"), so a stored write refused with it comes back as a second copy."""
+
+    def __init__(self, c, topic: str, prefix: str, config: dict, poll_every: int, poll_s: float):
+        self.c, self.topic = c, topic
+        self.acked: dict[bytes, tuple[int, int]] = {}
+        self.refused: list[tuple[int, bytes]] = []
+        self.unknown: list[tuple[int, bytes]] = []
+        self.other: Counter = Counter()
+        self._stop = threading.Event()
+        self._args = (prefix, config, poll_every, poll_s)
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+
+    def _on_delivery(self, err, msg):
+        if err is None:
+            self.acked[msg.value()] = (msg.partition(), msg.offset())
+        elif err.code() == KafkaError.NOT_LEADER_FOR_PARTITION:
+            self.refused.append((msg.partition(), msg.value()))
+        elif err.code() == KafkaError.REQUEST_TIMED_OUT:
+            self.unknown.append((msg.partition(), msg.value()))
+        else:
+            self.other[err.name()] += 1
+
+    def _produce(self):
+        prefix, config, poll_every, poll_s = self._args
+        pr = Producer({"bootstrap.servers": self.c.bootstrap(), "acks": "all", "enable.idempotence": False,
+                       "retries": 0, "linger.ms": 1, "topic.metadata.refresh.interval.ms": 1000, **config})
+        n = 0
+        while not self._stop.is_set():
+            try:
+                pr.produce(self.topic, value=f"{prefix}-{n:09d}".encode(), partition=n % 12,
+                           on_delivery=self._on_delivery)
+                n += 1
+            except BufferError:
+                pass
+            pr.poll(0 if n % poll_every else poll_s)
+        pr.flush(90)
+
+    def start(self) -> "RefusalProbe":
+        self._thread.start()
+        return self
+
+    def stop(self, join_s: float) -> None:
+        self._stop.set()
+        self._thread.join(join_s)
+
+    def check(self) -> tuple[int, int, dict]:
+        """The invariants above; returns (values stored twice, possibly-persisted answers
+        kept, where each value is stored)."""
+        stored = read_all(self.c.bootstrap(), self.topic, 12)
+        where = {v: (p, off) for p, (_, recs) in stored.items() for off, v in recs}
+        lost = [(v, at) for v, at in self.acked.items() if where.get(v) != at]
+        assert not lost, f"{len(lost)} acknowledged writes missing or moved: {lost[:5]}"
+        counts = Counter(v for _, (_, recs) in stored.items() for _, v in recs)
+        twice = [(v, n) for v, n in counts.items() if n > 1]
+        kept = [(p, v, where[v]) for p, v in self.refused if v in where]
+        assert not twice, f"{len(twice)} values stored more than once, e.g. {twice[:5]}"
+        assert not kept, (f"{len(kept)} writes refused with NOT_LEADER_OR_FOLLOWER are stored anyway"
+                          f" (partition, value, stored at): {kept[:5]}")
+        assert len(self.acked) > 1000
+        return len(twice), sum(v in where for _, v in self.unknown), where
+
+
 @logs_on_failure
 def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
     """Partitions handed over in order (a drain, then the rebalance back) while a producer
@@ -318,35 +386,8 @@ def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
     c = make_cluster(3)
     create_topic(c.bootstrap(), "orderly", 12)
     c.wait_settled(12, balanced=True)
-    acked: dict[bytes, tuple[int, int]] = {}
-    refused: list[tuple[int, bytes]] = []
-    other: Counter = Counter()
-    stop = threading.Event()
-
-    def on_delivery(err, msg):
-        if err is None:
-            acked[msg.value()] = (msg.partition(), msg.offset())
-        elif err.code() == KafkaError.NOT_LEADER_FOR_PARTITION:
-            refused.append((msg.partition(), msg.value()))
-        else:
-            other[err.name()] += 1
-
-    def produce():
-        pr = Producer({"bootstrap.servers": c.bootstrap(), "acks": "all", "enable.idempotence": False,
-                       "retries": 0, "linger.ms": 1, "topic.metadata.refresh.interval.ms": 1000,
-                       "max.in.flight.requests.per.connection": 1, **producer_debug("orderly")})
-        n = 0
-        while not stop.is_set():
-            try:
-                pr.produce("orderly", value=f"o-{n:09d}".encode(), partition=n % 12, on_delivery=on_delivery)
-                n += 1
-            except BufferError:
-                pass
-            pr.poll(0 if n % 50 else 0.001)
-        pr.flush(60)
-
-    t = threading.Thread(target=produce, daemon=True)
-    t.start()
+    probe = RefusalProbe(c, "orderly", "o", {"max.in.flight.requests.per.connection": 1,
+                                             **producer_debug("orderly")}, 50, 0.001).start()
     try:
         for cycle in range(3):
             ctl = c.wait_controller()
@@ -354,23 +395,10 @@ def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
             time.sleep(1.0)
             drain_and_return(c, victim, 12)
     finally:
-        stop.set()
-        t.join(90)
-    stored = read_all(c.bootstrap(), "orderly", 12)
-    where = {v: (p, off) for p, (_, recs) in stored.items() for off, v in recs}
-    lost = [(v, at) for v, at in acked.items() if where.get(v) != at]
-    assert not lost, f"{len(lost)} acknowledged writes missing or moved: {lost[:5]}"
-    # librdkafka retries NOT_LEADER_OR_FOLLOWER even with retries=0 (it means "not written"),
-    # so a stored write refused with it comes back as a second copy.
-    counts = Counter(v for _, (_, recs) in stored.items() for _, v in recs)
-    twice = [(v, n) for v, n in counts.items() if n > 1]
-    kept = [(p, v, where[v]) for p, v in refused if v in where]
-    print(f"\norderly handovers: {len(acked)} acknowledged, {len(refused)} refused as not leader,"
-          f" {len(twice)} stored twice, other errors {dict(other)}")
-    assert not twice, f"{len(twice)} values stored more than once, e.g. {twice[:5]}"
-    assert not kept, (f"{len(kept)} writes refused with NOT_LEADER_OR_FOLLOWER are stored anyway"
-                      f" (partition, value, stored at): {kept[:5]}")
-    assert len(acked) > 1000
+        probe.stop(90)
+    twice, _, _ = probe.check()
+    print(f"\norderly handovers: {len(probe.acked)} acknowledged, {len(probe.refused)} refused as not leader,"
+          f" {twice} stored twice, other errors {dict(probe.other)}")
 
 
 @logs_on_failure
@@ -378,46 +406,16 @@ def test_paused_leader_refuses_as_not_leader_only_what_it_did_not_store(make_clu
     """A leader paused (SIGSTOP) with acks=all writes in flight loses its partitions by time;
     resumed, it must not call a write it had stored "not leader": librdkafka reads
     NOT_LEADER_OR_FOLLOWER as "not persisted" and sends it again (even with retries=0, and under
-    new sequence numbers after an idempotent epoch bump), so the value was stored twice (3 in 40
-    controller pauses). A write it cannot prove kept gets REQUEST_TIMED_OUT ("possibly
-    persisted") instead."""
+    new sequence numbers after an idempotent epoch bump), so the value was stored twice (82
+    values in 3 pauses before the fix). A write it cannot prove kept gets REQUEST_TIMED_OUT
+    ("possibly persisted") instead."""
     c = make_cluster(3)
     create_topic(c.bootstrap(), "bytime", 12)
     c.wait_settled(12, balanced=True)
-    acked: dict[bytes, tuple[int, int]] = {}
-    refused: list[tuple[int, bytes]] = []
-    unknown: list[tuple[int, bytes]] = []
-    other: Counter = Counter()
-    stop = threading.Event()
-
-    def on_delivery(err, msg):
-        if err is None:
-            acked[msg.value()] = (msg.partition(), msg.offset())
-        elif err.code() == KafkaError.NOT_LEADER_FOR_PARTITION:
-            refused.append((msg.partition(), msg.value()))
-        elif err.code() == KafkaError.REQUEST_TIMED_OUT:
-            unknown.append((msg.partition(), msg.value()))
-        else:
-            other[err.name()] += 1
-
-    def produce():
-        pr = Producer({"bootstrap.servers": c.bootstrap(), "acks": "all", "enable.idempotence": False,
-                       "retries": 0, "linger.ms": 1, "topic.metadata.refresh.interval.ms": 1000,
-                       "request.timeout.ms": 30_000, "message.timeout.ms": 60_000})
-        n = 0
-        while not stop.is_set():
-            try:
-                pr.produce("bytime", value=f"t-{n:09d}".encode(), partition=n % 12, on_delivery=on_delivery)
-                n += 1
-            except BufferError:
-                pass
-            # About 5,000 records/s: enough in flight at every pause, and a queue that drains
-            # well within message.timeout.ms.
-            pr.poll(0 if n % 10 else 0.002)
-        pr.flush(90)
-
-    t = threading.Thread(target=produce, daemon=True)
-    t.start()
+    # About 5,000 records/s: enough in flight at every pause, and a queue that drains well
+    # within message.timeout.ms.
+    probe = RefusalProbe(c, "bytime", "t", {"request.timeout.ms": 30_000, "message.timeout.ms": 60_000},
+                         10, 0.002).start()
     try:
         for cycle in range(3):
             ctl = c.wait_controller()
@@ -431,22 +429,11 @@ def test_paused_leader_refuses_as_not_leader_only_what_it_did_not_store(make_clu
             victim.resume()
             c.wait_settled(12, balanced=True, timeout=90)
     finally:
-        stop.set()
-        t.join(120)
-    stored = read_all(c.bootstrap(), "bytime", 12)
-    where = {v: (p, off) for p, (_, recs) in stored.items() for off, v in recs}
-    lost = [(v, at) for v, at in acked.items() if where.get(v) != at]
-    assert not lost, f"{len(lost)} acknowledged writes missing or moved: {lost[:5]}"
-    counts = Counter(v for _, (_, recs) in stored.items() for _, v in recs)
-    twice = [(v, n) for v, n in counts.items() if n > 1]
-    kept = [(p, v, where[v]) for p, v in refused if v in where]
-    print(f"\nleader paused past its fence 3 times: {len(acked)} acknowledged, {len(refused)} refused as"
-          f" not leader, {len(unknown)} answered possibly persisted ({sum(v in where for _, v in unknown)} of"
-          f" them kept), {len(twice)} stored twice, other errors {dict(other)}")
-    assert not twice, f"{len(twice)} values stored more than once, e.g. {twice[:5]}"
-    assert not kept, (f"{len(kept)} writes refused with NOT_LEADER_OR_FOLLOWER are stored anyway"
-                      f" (partition, value, stored at): {kept[:5]}")
-    assert len(acked) > 1000
+        probe.stop(120)
+    twice, unknown_kept, _ = probe.check()
+    print(f"\nleader paused past its fence 3 times: {len(probe.acked)} acknowledged, {len(probe.refused)} refused"
+          f" as not leader, {len(probe.unknown)} answered possibly persisted ({unknown_kept} of them kept),"
+          f" {twice} stored twice, other errors {dict(probe.other)}")
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, timeout_s: float = 120.0):

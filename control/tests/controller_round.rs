@@ -151,6 +151,16 @@ fn decide(w: &World, base: Option<&Arc<Assignment>>, now: Instant) -> Round {
     })
 }
 
+/// The base file of `w` and the file a round over it writes; `None` when it writes nothing.
+fn written(w: &World) -> Option<(Arc<Assignment>, Assignment)> {
+    let now = Instant::now() + Duration::from_secs(60);
+    let base = base_file(w)?;
+    match decide(w, Some(&base), now) {
+        Round::Unchanged => None,
+        Round::Write(next) => Some((base, next)),
+    }
+}
+
 proptest! {
     // Writing what a round decided and deciding again from it writes nothing more, unless the
     // first file is still waiting on a handover (then the second round may only resolve it).
@@ -187,15 +197,9 @@ proptest! {
     // has not reconnected yet keeps its row's health, and no other broker gets its partitions.
     #[test]
     fn grace_drops_no_previously_alive_broker(w in world()) {
-        let now = Instant::now() + Duration::from_secs(60);
         let w = World { leading_for_ms: w.leading_for_ms % GRACE.as_millis() as u64, ..w };
-        let base = base_file(&w);
-        prop_assume!(base.as_ref().is_some_and(|b| b.controller_epoch <= w.epoch));
-        let base = base.unwrap();
-        let next = match decide(&w, Some(&base), now) {
-            Round::Unchanged => return Ok(()),
-            Round::Write(next) => next,
-        };
+        prop_assume!(base_file(&w).is_some_and(|b| b.controller_epoch <= w.epoch));
+        let Some((base, next)) = written(&w) else { return Ok(()) };
         for b in base.brokers.iter().filter(|b| b.health == Health::Alive) {
             let heard = w.heard.iter().any(|h| h.0 == b.id.0 && h.1);
             if heard || Some(b.id.0) == w.previous_holder {
@@ -218,24 +222,22 @@ proptest! {
     // release time; until then it is pending and has no leader.
     #[test]
     fn no_new_leader_before_the_old_one_stopped(w in world()) {
-        let now = Instant::now() + Duration::from_secs(60);
-        let base = base_file(&w);
-        prop_assume!(base.as_ref().is_some_and(|b| b.controller_epoch <= w.epoch));
-        let base = base.unwrap();
-        let next = match decide(&w, Some(&base), now) {
-            Round::Unchanged => return Ok(()),
-            Round::Write(next) => next,
-        };
+        prop_assume!(base_file(&w).is_some_and(|b| b.controller_epoch <= w.epoch));
+        let Some((base, next)) = written(&w) else { return Ok(()) };
         for (tp, old) in &base.partitions {
             let Some(new) = next.leader(tp) else { continue };
             if new == *old {
                 continue;
             }
-            let heard = w.heard.iter().find(|h| h.0 == old.0 && h.1);
-            let silent_ms = match heard {
-                Some(h) => h.2.min(w.leading_for_ms + if w.previous_holder == Some(old.0) { GAP.as_millis() as u64 } else { 0 }),
-                None => w.leading_for_ms + if w.previous_holder == Some(old.0) { GAP.as_millis() as u64 } else { 0 },
-            };
+            // What handover::silent_for computes: since the last status, capped by the Lease's
+            // age (plus the election gap for the previous holder).
+            let gap = if w.previous_holder == Some(old.0) { GAP.as_millis() as u64 } else { 0 };
+            let since_lease = w.leading_for_ms + gap;
+            let silent_ms = w
+                .heard
+                .iter()
+                .find(|h| h.0 == old.0 && h.1)
+                .map_or(since_lease, |h| h.2.min(since_lease));
             let silent = Duration::from_millis(silent_ms) >= TIMING.release_after;
             prop_assert!(silent, "{tp:?} moved from {old:?} (silent {silent_ms} ms) to {new:?} without a handover");
         }
