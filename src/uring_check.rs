@@ -362,6 +362,7 @@ mod tests {
         }
     }
 
+    /// An EPERM from io_uring under a seccomp filter must say seccomp, not a generic failure.
     #[test]
     fn eperm_under_a_seccomp_filter_names_seccomp() {
         let e = Env {
@@ -374,6 +375,7 @@ mod tests {
         assert!(m.contains("io_uring_disabled is 0"), "{m}");
     }
 
+    /// ENOSYS is named as a kernel without io_uring or a filter that hides it.
     #[test]
     fn enosys_from_seccomp_or_kernel() {
         let e = Env {
@@ -386,6 +388,7 @@ mod tests {
         assert!(m.contains(">= 5.8"), "{m}");
     }
 
+    /// kernel.io_uring_disabled is named with its value: the operator knows what to change.
     #[test]
     fn io_uring_disabled_sysctl_is_named_with_its_value() {
         for v in [1, 2] {
@@ -408,6 +411,7 @@ mod tests {
         assert!(explain(Stage::Setup, libc::EPERM, &e).contains("not present"));
     }
 
+    /// ENOMEM on buffer registration names RLIMIT_MEMLOCK with the limit and what kaas needs.
     #[test]
     fn enomem_on_register_names_memlock_with_limit_and_need() {
         let e = Env {
@@ -447,6 +451,7 @@ mod tests {
         assert!(shortfall(64, &unlimited, false).is_none());
     }
 
+    /// The memlock estimate and the /proc/self/status fields the diagnosis relies on parse right.
     #[test]
     fn rounding_and_proc_parsing() {
         assert_eq!(glommio_buffer_bytes(0), 65536);
@@ -458,6 +463,7 @@ mod tests {
         assert_eq!(status_field(status, "CapEff"), None);
     }
 
+    /// The start-up probe must pass where io_uring works, or the broker would refuse to start here.
     #[test]
     fn probe_succeeds_on_this_machine() {
         probe(glommio_buffer_bytes(2 << 20)).expect("io_uring works here");

@@ -119,6 +119,8 @@ def fill_to_the_last_byte(where: Path) -> None:
 @pytest.mark.parametrize("sync_scope", ["file", "filesystem"])
 @pytest.mark.parametrize("volume", ["ext4", "tmpfs"], indirect=True)
 def test_a_full_disk_refuses_produce_and_recovers(volume, sync_scope, tmp_path):
+    """A full volume must refuse writes with KAFKA_STORAGE_ERROR, damage nothing already
+    acknowledged, and restart after a SIGKILL on a volume with no byte free."""
     from confluent_kafka import Consumer, TopicPartition
     (tmp_path / "broker").mkdir()
     b = Broker(tmp_path / "broker", shards=1, extra_args=["--sync-scope", sync_scope])

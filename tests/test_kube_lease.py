@@ -63,6 +63,8 @@ def missing_binaries() -> list[str]:
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_kube_lease_backend_against_real_apiserver():
+    """The kube Lease backend must work against a real kube-apiserver, not only the in-repo
+    stand-in: the Rust test control/tests/lease_kube_real.rs runs against one started here."""
     if os.environ.get("KAAS_KUBE_TESTS") == "0":
         pytest.skip("KAAS_KUBE_TESTS=0")
     missing = missing_binaries()

@@ -173,6 +173,7 @@ fn no_errors(v: &Value, side: &str) {
     assert!(errors.is_empty(), "{side} errors: {errors:?}");
 }
 
+/// The benchmark must measure a real round trip: every produced message is consumed, in order.
 #[test]
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 fn produce_consume_e2e_against_a_real_broker() {

@@ -221,6 +221,7 @@ mod tests {
         None
     }
 
+    /// Two controllers building on the same version must not both win: the second append conflicts.
     #[test]
     fn versions_count_up_and_a_stale_base_conflicts() {
         let dir = tempfile::tempdir().unwrap();
@@ -241,6 +242,7 @@ mod tests {
         assert_eq!(fs::read(chain.mirror_path()).unwrap(), b"b");
     }
 
+    /// A controller paused past cleanup must not write a version that reuses a cleaned-up number.
     #[test]
     fn a_writer_frozen_past_the_cleanup_cannot_resurrect_its_version() {
         let dir = tempfile::tempdir().unwrap();
@@ -265,6 +267,7 @@ mod tests {
         assert_eq!(chain.versions().unwrap().len() as u64, KEEP);
     }
 
+    /// Upgrades: a data directory written by an older kaas continues from its version, not from 1.
     #[test]
     fn an_older_kaas_mirror_is_the_starting_point() {
         let dir = tempfile::tempdir().unwrap();
@@ -277,6 +280,7 @@ mod tests {
         assert_eq!(chain.read_head(legacy).unwrap().unwrap().seq, 42);
     }
 
+    /// The compare-and-swap holds under real threads racing: exactly one writer per base wins.
     #[test]
     fn concurrent_writers_from_one_base_have_one_winner() {
         let dir = tempfile::tempdir().unwrap();

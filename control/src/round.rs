@@ -1,7 +1,7 @@
 //! One controller round as a pure function: what the controller knows → `Unchanged` or
 //! `Write(next assignment)`.
 //!
-//! The binary (`src/cluster.rs`) gathers the inputs — the newest file it wrote or accepted,
+//! The binary (`src/cluster/controller.rs`) gathers the inputs — the newest file it wrote or accepted,
 //! a snapshot of the heartbeat registry, the catalog's topics, its Lease epoch and how long it
 //! has led — calls [`controller_round`], and does the IO around the answer (the last Lease
 //! check, raising the acknowledgement floor, the compare-and-swap write). Everything subtle is

@@ -393,7 +393,7 @@ impl World {
         }
     }
 
-    /// `assignment::claim_epoch` (one compare-and-swap, so one step) and what `src/cluster.rs`
+    /// `assignment::claim_epoch` (one compare-and-swap, so one step) and what `src/cluster/controller.rs`
     /// does with it: republish the newest file known under this term's epoch, and acknowledge
     /// no broker before it applied that file. Refused (deposed): the term ends.
     fn claim(&mut self, b: i32) {
@@ -458,7 +458,7 @@ impl World {
         }
     }
 
-    /// One controller round (`src/cluster.rs::recompute`), with the adversary choosing where
+    /// One controller round (`src/cluster/controller.rs::recompute`), with the adversary choosing where
     /// the balancer wants each partition.
     fn round(&mut self, c: i32, choice: u8, now: u64) {
         if !self.nodes[c as usize].election.is_leader(now)

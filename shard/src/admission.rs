@@ -242,6 +242,7 @@ mod tests {
         }
     }
 
+    /// The memory budget bounds requests in flight, and a dropped reservation returns its bytes.
     #[test]
     fn the_budget_is_never_exceeded_and_comes_back() {
         let a = Admission::new(limits(), no_floor());
@@ -256,6 +257,7 @@ mod tests {
         assert_eq!(a.reserved(), 0);
     }
 
+    /// One client address cannot take every slot; the total cap holds across addresses.
     #[test]
     fn connections_per_ip_and_in_all() {
         let a = Admission::new(limits(), no_floor());

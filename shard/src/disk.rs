@@ -139,12 +139,14 @@ impl DiskSpace {
 mod tests {
     use super::*;
 
+    /// The default free-space floor scales with small volumes and is capped on large ones.
     #[test]
     fn the_default_floor_is_five_percent_up_to_a_gibibyte() {
         assert_eq!(default_min_free(64 << 20), (64 << 20) / 20);
         assert_eq!(default_min_free(500 << 30), 1 << 30);
     }
 
+    /// Writes are refused before the volume is full, and appends count before the next statvfs.
     #[test]
     fn reads_the_volume_and_refuses_below_the_floor() {
         let dir = std::env::temp_dir();

@@ -45,6 +45,7 @@ pub fn limited(cause: &'static str, log: impl FnOnce(u64)) {
 mod tests {
     use super::*;
 
+    /// A cause that repeats a million times logs once per interval, with how many were skipped.
     #[test]
     fn one_line_per_interval_with_the_count_skipped() {
         let mut lines = Vec::new();

@@ -145,6 +145,7 @@ async fn drive(group: Rc<Group>) {
 mod tests {
     use super::SyncScope;
 
+    /// A mistyped --sync-scope is refused with the accepted values named.
     #[test]
     fn parses_the_flag_values_and_names_the_choices_otherwise() {
         assert_eq!("file".parse::<SyncScope>(), Ok(SyncScope::File));

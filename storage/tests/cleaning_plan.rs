@@ -44,6 +44,7 @@ fn rules() -> impl Strategy<Value = CleaningRules> {
 }
 
 proptest! {
+    /// Compaction must never rewrite the active segment or records younger than the lag.
     #[test]
     fn a_plan_respects_the_active_segment_the_lag_and_the_ratio((segments, checkpoint) in log(), rules in rules()) {
         let last = segments.len() - 1;

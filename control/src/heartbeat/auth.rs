@@ -272,6 +272,7 @@ mod tests {
         assert!(matches!(key.verify_status(&late), Err(AuthError::Stale(_))));
     }
 
+    /// A controller message signed for one broker must not be replayable to another, or unsigned.
     #[test]
     fn controller_messages_are_for_one_broker() {
         let key = ClusterKey::from_bytes(b"0123456789abcdef0123456789abcdef");
@@ -284,6 +285,7 @@ mod tests {
         assert_eq!(key.verify_message(&unsigned, 3), Err(AuthError::Missing));
     }
 
+    /// Brokers on one volume agree on a key without configuration; it is not world-readable.
     #[test]
     fn brokers_of_one_volume_share_one_generated_key() {
         let dir = tempfile::tempdir().unwrap();

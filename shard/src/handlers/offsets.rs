@@ -166,6 +166,52 @@ struct EpochAnswer {
     end_offset: i64,
 }
 
+/// One partition's OffsetForLeaderEpoch answer, on the shard that owns it.
+async fn epoch_answer(
+    s: Rc<Shard>,
+    m: Arc<TopicMeta>,
+    p: i32,
+    current: i32,
+    wanted: i32,
+) -> EpochAnswer {
+    let log = match s.partition(&m, p).await {
+        Ok(l) => l,
+        Err(e) => {
+            return EpochAnswer {
+                error_code: errors::storage(&e),
+                leader_epoch: -1,
+                end_offset: -1,
+            }
+        }
+    };
+    if let Err(code) = check_epoch(current, log.leader_epoch().0) {
+        return EpochAnswer {
+            error_code: code,
+            leader_epoch: -1,
+            end_offset: -1,
+        };
+    }
+    let (leader_epoch, end_offset) = log.end_offset_for_epoch(wanted);
+    tracing::debug!(
+        shard = s.id,
+        topic = %m.name,
+        partition = p,
+        current,
+        wanted,
+        our_epoch = log.leader_epoch().0,
+        log_end_offset = log.log_end_offset(),
+        generation = log.generation(),
+        leader_epoch,
+        end_offset,
+        "OffsetForLeaderEpoch answered"
+    );
+    EpochAnswer {
+        error_code: errors::NONE,
+        leader_epoch,
+        end_offset,
+    }
+}
+
 pub async fn offset_for_leader_epoch(
     shard: &Rc<Shard>,
     req: OffsetForLeaderEpochRequest,
@@ -191,31 +237,7 @@ pub async fn offset_for_leader_epoch(
     let answers = per_topic_partition(
         shard,
         wanted,
-        |s, m, p, (current, wanted)| async move {
-            let log = match s.partition(&m, p).await {
-                Ok(l) => l,
-                Err(e) => {
-                    return EpochAnswer {
-                        error_code: errors::storage(&e),
-                        leader_epoch: -1,
-                        end_offset: -1,
-                    }
-                }
-            };
-            if let Err(code) = check_epoch(current, log.leader_epoch().0) {
-                return EpochAnswer {
-                    error_code: code,
-                    leader_epoch: -1,
-                    end_offset: -1,
-                };
-            }
-            let (leader_epoch, end_offset) = log.end_offset_for_epoch(wanted);
-            EpochAnswer {
-                error_code: errors::NONE,
-                leader_epoch,
-                end_offset,
-            }
-        },
+        |s, m, p, (current, wanted)| epoch_answer(s, m, p, current, wanted),
         unknown,
         EpochAnswer {
             error_code: errors::NOT_LEADER_OR_FOLLOWER,

@@ -1,0 +1,335 @@
+//! The controller half of cluster mode: while this broker holds the Lease it serves the
+//! heartbeat stream and runs controller rounds (`kaas_control::round`), writing
+//! `assignment.json` when a round says so. Runs on the control thread's tokio runtime.
+//!
+//! What a round decides is pure and tested in `kaas_control`; this file is the IO around it:
+//! binding the heartbeat port, claiming the controller epoch in the assignment file, checking
+//! that the file this controller builds on is still the newest, and writing the result.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use kaas_control::assignment::{
+    assignment_chain, claim_epoch, write_fenced, Assignment, FenceError, Health,
+};
+use kaas_control::balancer::{BrokerId, TopicCounts};
+use kaas_control::handover;
+use kaas_control::heartbeat::{HeartbeatServer, ServerConfig};
+use kaas_control::lease::Leadership;
+use kaas_control::round;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{ClusterConfig, Shards};
+
+/// While this broker holds the Lease: serve heartbeats and keep `assignment.json` current.
+pub(super) async fn controller_loop(
+    config: Arc<ClusterConfig>,
+    shards: Arc<Shards>,
+    mut leadership: watch::Receiver<Leadership>,
+    accepted: watch::Receiver<Option<Arc<Assignment>>>,
+    previous_holder: Arc<std::sync::Mutex<Option<i32>>>,
+) {
+    loop {
+        // Wait to become controller.
+        let epoch = loop {
+            {
+                let l = leadership.borrow_and_update();
+                if l.leads_now() {
+                    break l.epoch;
+                }
+            }
+            if leadership.changed().await.is_err() {
+                return;
+            }
+        };
+        tracing::info!(
+            epoch,
+            broker = config.broker_id,
+            "this broker is the controller"
+        );
+        let listener = match bind_heartbeat(config.heartbeat_listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(listen = %config.heartbeat_listen, "cannot bind the heartbeat listener: {e}; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let server = HeartbeatServer::new(
+            ServerConfig {
+                ping_interval: Duration::from_secs(1),
+                alive_timeout: config.timing.release_after,
+                pinned: Some((BrokerId(config.broker_id), config.rack.clone())),
+                leadership: Some(leadership.clone()),
+                key: Some(config.key.clone()),
+            },
+            epoch,
+        );
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.clone().serve(listener, async move {
+            let _ = stop_rx.await;
+        }));
+        let lead_start = Instant::now();
+        // The holder before us (or an earlier one, never a later one): its own fence closed an
+        // election gap before our start (see kaas_control::handover).
+        let prev_holder = previous_holder
+            .lock()
+            .expect("previous holder lock")
+            .map(BrokerId);
+        let mut alive = server.alive();
+        // Rounds are cheap (the last file written is kept in memory; the file is read once per
+        // claim), so they run often: a handover completes one round after it may.
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Claim assignment.json for this epoch before deciding anything from it, and again
+        // whenever someone else wrote since (a write of ours was refused, or the periodic check
+        // below saw a newer version): see kaas_control::assignment::claim_epoch.
+        'claim: loop {
+            let Some(claimed) = claim(&config, &server, epoch, &accepted).await else {
+                break 'claim;
+            };
+            let mut seq = claimed.as_ref().map(|p| p.seq);
+            let mut last: Option<Arc<Assignment>> = claimed.map(|p| Arc::new(p.assignment));
+            let mut rounds = 0u64;
+            loop {
+                if !leadership.borrow().leads_now() || leadership.borrow().epoch != epoch {
+                    break 'claim;
+                }
+                rounds += 1;
+                if rounds.is_multiple_of(10) && !still_head(&config, seq, last.clone()).await {
+                    continue 'claim;
+                }
+                let round = recompute(
+                    &config,
+                    &shards,
+                    &server,
+                    (epoch, lead_start, prev_holder),
+                    &leadership,
+                    Bases {
+                        last: last.clone(),
+                        accepted: accepted.borrow().clone(),
+                        seq,
+                    },
+                );
+                match round.await {
+                    Ok((written, written_seq)) => {
+                        last = Some(written);
+                        seq = written_seq;
+                    }
+                    Err(e)
+                        if matches!(e.downcast_ref::<FenceError>(), Some(FenceError::Conflict)) =>
+                    {
+                        tracing::warn!(epoch, "{e:#}; claiming it again");
+                        continue 'claim;
+                    }
+                    Err(e) => tracing::error!("writing assignment.json failed: {e:#}; retrying"),
+                }
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = alive.changed() => {}
+                    r = leadership.changed() => if r.is_err() { return },
+                }
+            }
+        }
+        tracing::info!(
+            epoch,
+            "no longer the controller; closing the heartbeat server"
+        );
+        let _ = stop_tx.send(());
+        let _ = serving.await;
+        if leadership.borrow().leads_now() && leadership.borrow().epoch == epoch {
+            // Deposed by a newer controller's file before our Lease driver noticed: give it
+            // time to, rather than claiming again at once.
+            let _ = tokio::time::timeout(Duration::from_millis(500), leadership.changed()).await;
+        }
+    }
+}
+
+/// Claims `assignment.json` for `epoch` (retrying while this broker still leads in it) and
+/// sets the term's acknowledgement floor to the file claimed. `None`: no longer the controller.
+async fn claim(
+    config: &ClusterConfig,
+    server: &HeartbeatServer,
+    epoch: u64,
+    accepted: &watch::Receiver<Option<Arc<Assignment>>>,
+) -> Option<Option<kaas_control::assignment::Published>> {
+    loop {
+        let chain = assignment_chain(&config.data_dir);
+        let known = accepted.borrow().clone();
+        let claimed =
+            tokio::task::spawn_blocking(move || claim_epoch(&chain, epoch, known.as_deref())).await;
+        match claimed {
+            Ok(Ok(published)) => {
+                // Files before this term may have moved partitions by time; this term's floors
+                // only know the files it writes (see kaas_control::heartbeat::AckFloor).
+                if let Some(p) = &published {
+                    server.require_applied_by_all(p.assignment.order_key());
+                }
+                return Some(published);
+            }
+            Ok(Err(e @ FenceError::Deposed { .. })) => {
+                tracing::warn!(epoch, "cannot claim assignment.json: {e}; stepping back");
+                return None;
+            }
+            Ok(Err(e)) => tracing::warn!(epoch, "cannot claim assignment.json: {e}; retrying"),
+            Err(e) => tracing::error!("assignment claim task failed: {e}; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether the chain's newest version is still the one this controller wrote last (`seq`);
+/// if so, also puts back a stale `assignment.json` copy (a deposed controller frozen between
+/// its write and its copy can leave an older one there, and operators read that file).
+async fn still_head(
+    config: &ClusterConfig,
+    seq: Option<u64>,
+    last: Option<Arc<Assignment>>,
+) -> bool {
+    let chain = assignment_chain(&config.data_dir);
+    tokio::task::spawn_blocking(move || {
+        let head = match chain.versions() {
+            Ok(v) => v.last().copied(),
+            Err(e) => {
+                tracing::warn!("listing assignment versions failed: {e}");
+                return true;
+            }
+        };
+        if head != seq {
+            return false;
+        }
+        if let Some(last) = last {
+            let bytes = last.to_json();
+            if kaas_control::chain::read_optional(&chain.mirror_path())
+                .ok()
+                .flatten()
+                .as_deref()
+                != Some(bytes.as_slice())
+            {
+                let _ = chain.mirror(&bytes);
+            }
+        }
+        true
+    })
+    .await
+    .unwrap_or(true)
+}
+
+async fn bind_heartbeat(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(128)
+}
+
+/// What a controller round may start from.
+struct Bases {
+    /// The file this controller wrote last (`None` right after the election).
+    last: Option<Arc<Assignment>>,
+    /// The file this broker's watcher accepted (fenced by epoch).
+    accepted: Option<Arc<Assignment>>,
+    /// The chain version `last` was written as (or claimed from): the base of the next write.
+    seq: Option<u64>,
+}
+
+/// One controller round: plan, apply the handover rules, write the file if anything changed.
+/// Returns the file now in force and its chain version.
+async fn recompute(
+    config: &ClusterConfig,
+    shards: &Shards,
+    server: &HeartbeatServer,
+    (epoch, lead_start, prev_holder): (u64, Instant, Option<BrokerId>),
+    leadership: &watch::Receiver<Leadership>,
+    bases: Bases,
+) -> anyhow::Result<(Arc<Assignment>, Option<u64>)> {
+    // Age silent brokers out now rather than at the server's next 1 s refresh.
+    server.refresh();
+    // Brokers get this long to connect to a new controller before being counted as gone (they
+    // see the new holder within a Lease retry period and dial at once). One that misses it
+    // loses its partitions through the normal, safe handover.
+    let grace =
+        (config.status_interval * 2).max(Duration::from_millis(config.election.retry_period_ms));
+    let registry = server.registry();
+    let topics: TopicCounts = shards
+        .catalog
+        .snapshot()
+        .topics
+        .values()
+        .map(|t| (t.name.clone(), t.partitions))
+        .collect();
+    // Shared, not copied: this runs five times a second over every partition.
+    let candidates = [bases.last.as_ref(), bases.accepted.as_ref()];
+    let previous: Option<Arc<Assignment>> = round::newest_base(candidates).cloned();
+    let leading_for = lead_start.elapsed();
+    let decided = round::controller_round(&round::RoundInputs {
+        epoch,
+        leading_for,
+        grace,
+        previous_holder: prev_holder,
+        gap: config.election_gap(),
+        bases: candidates,
+        registry: &registry,
+        alive_timeout: config.timing.release_after,
+        topics: &topics,
+        timing: &config.timing,
+        now: std::time::Instant::now(),
+    });
+    let next = match decided {
+        round::Round::Unchanged => {
+            return Ok((
+                previous.expect("unchanged implies a previous file"),
+                bases.seq,
+            ))
+        }
+        round::Round::Write(next) => next,
+    };
+    let version = next.assignment_version;
+    // The exact gate, right before acting: a controller paused past its deadline must not
+    // write (and if the write itself is what got paused, followers fence it by epoch).
+    if !leadership.borrow().leads_now() {
+        anyhow::bail!("lost the Lease before writing");
+    }
+    // A broker that loses a partition in this file is not acknowledged again until it has
+    // applied it: an acknowledgement would otherwise reopen its write fence for partitions it
+    // still serves from an older file (see kaas_control::heartbeat::AckFloor).
+    if let Some(prev) = &previous {
+        for broker in handover::lost_leadership(prev, &next) {
+            server.require_applied(broker, (epoch, version));
+        }
+    }
+    let moved: usize = next
+        .partitions
+        .iter()
+        .filter(|(tp, l)| previous.as_ref().and_then(|p| p.leader(tp)) != Some(**l))
+        .count();
+    let pending_n = next.pending.len();
+    let chain = assignment_chain(&config.data_dir);
+    let bytes_next = next.clone();
+    let base_seq = bases.seq;
+    let written_seq =
+        tokio::task::spawn_blocking(move || write_fenced(&chain, base_seq, &bytes_next))
+            .await
+            .context("assignment write task")?
+            .context("writing assignment.json")?;
+    server.assignment_changed(version);
+    let written = Arc::new(next);
+    tracing::info!(
+        epoch,
+        version,
+        partitions = written.partitions.len(),
+        newly_led = moved,
+        pending = pending_n,
+        alive = ?written.brokers.iter().filter(|b| b.health == Health::Alive).map(|b| b.id.0).collect::<Vec<_>>(),
+        seq = written_seq,
+        ms_since_elected = leading_for.as_millis() as u64,
+        "wrote assignment.json"
+    );
+    Ok((written, Some(written_seq)))
+}
