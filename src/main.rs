@@ -26,7 +26,7 @@ static ALLOCATOR: kaas_wire::alloc::GuardedAlloc = kaas_wire::alloc::GuardedAllo
 #[command(name = "kaas", version, about, long_about = None)]
 struct Args {
     /// Address the Kafka listener binds (every shard accepts on it through SO_REUSEPORT).
-    #[arg(long, env = "KAAS_LISTEN", default_value = "127.0.0.1:9092")]
+    #[arg(long, env = "KAAS_LISTEN", default_value = "127.0.0.1:9092", value_parser = parse_bind_addr)]
     listen: SocketAddr,
     /// HOST:PORT clients are told to connect to (Metadata). Defaults to the listen address.
     #[arg(long, env = "KAAS_ADVERTISED_LISTENER")]
@@ -35,11 +35,11 @@ struct Args {
     #[arg(long, env = "KAAS_DATA_DIR", default_value = "./kaas-data")]
     data_dir: PathBuf,
     /// Number of shards (glommio executors, each pinned to a core). Defaults to the core count.
-    #[arg(long, env = "KAAS_SHARDS")]
-    shards: Option<usize>,
+    #[arg(long, env = "KAAS_SHARDS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    shards: Option<u16>,
     /// Address of the HTTP endpoint serving /healthz, /readyz and /metrics (loopback unless
     /// told otherwise; the container image and the chart set 0.0.0.0:8080).
-    #[arg(long, env = "KAAS_HEALTH_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "KAAS_HEALTH_LISTEN", default_value = "127.0.0.1:8080", value_parser = parse_bind_addr)]
     health_listen: SocketAddr,
     /// Create unknown topics on Metadata and Produce requests.
     #[arg(long, env = "KAAS_AUTO_CREATE_TOPICS", default_value_t = true, action = ArgAction::Set)]
@@ -104,7 +104,7 @@ struct Args {
     lease: Option<cluster::LeaseKind>,
     /// Cluster mode: address the heartbeat gRPC server binds while this broker is controller
     /// (loopback unless told otherwise, as for the Kafka port; the chart sets the pod address).
-    #[arg(long, env = "KAAS_HEARTBEAT_LISTEN", default_value = "127.0.0.1:9094")]
+    #[arg(long, env = "KAAS_HEARTBEAT_LISTEN", default_value = "127.0.0.1:9094", value_parser = parse_bind_addr)]
     heartbeat_listen: SocketAddr,
     /// Cluster mode: file holding the cluster key that signs heartbeat messages (at least 16
     /// bytes, e.g. a Kubernetes Secret). Default: `<data-dir>/__cluster/heartbeat.key`, created
@@ -142,8 +142,43 @@ struct Args {
     #[arg(long, env = "KAAS_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
     drain_timeout_ms: u64,
     /// Log filter (tracing-subscriber EnvFilter syntax), e.g. "info" or "kaas_shard=debug".
-    #[arg(long, env = "KAAS_LOG", default_value = "info")]
+    #[arg(long, env = "KAAS_LOG", default_value = "info", value_parser = parse_log_filter)]
     log: String,
+}
+
+/// A bind address: `IP:PORT`, or `HOST:PORT` with a host name resolved once at start
+/// (`localhost:9092`, as Kafka's `listeners` accepts). An IPv4 address is preferred when the
+/// name has both, as `localhost` usually does: clients resolving it try IPv4 first too.
+fn parse_bind_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!(
+            "{s:?} is not HOST:PORT (e.g. 127.0.0.1:9092 or localhost:9092)"
+        ));
+    };
+    port.parse::<u16>()
+        .map_err(|_| format!("{s:?}: port {port:?} is not a number from 0 to 65535"))?;
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(s)
+        .map_err(|e| format!("{s:?}: cannot resolve host {host:?}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{s:?}: host {host:?} resolves to no address"))
+}
+
+/// `--log` must be a filter tracing can use: a typo would otherwise silently log at `info`.
+fn parse_log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(s)
+        .map(|_| s.to_string())
+        .map_err(|e| {
+            format!("{s:?} is not a log filter ({e}); e.g. \"info\" or \"info,kaas_shard=debug\"")
+        })
 }
 
 fn parse_advertised(s: &str) -> anyhow::Result<(String, u16)> {
@@ -326,7 +361,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&args.log)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .expect("--log was validated when the flags were parsed"),
         )
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: logs redirected to files or collected by
@@ -334,8 +369,12 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(e) = run(args, group) {
-        tracing::error!("kaas failed to start: {e:#}");
-        eprintln!("kaas: {e:#}");
+        // Once: through the log when it shows errors (both go to stderr), else plainly.
+        if tracing::enabled!(tracing::Level::ERROR) {
+            tracing::error!("kaas failed to start: {e:#}");
+        } else {
+            eprintln!("kaas failed to start: {e:#}");
+        }
         std::process::exit(1);
     }
 }
@@ -389,14 +428,17 @@ fn run(args: Args, group: kaas_shard::groups::config::GroupConfig) -> anyhow::Re
             (args.listen.ip().to_string(), args.listen.port())
         }
     };
-    let shards = args
-        .shards
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-        .max(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let shards = args.shards.map_or(cores, usize::from);
+    if shards > cores {
+        tracing::warn!(
+            shards,
+            cores,
+            "more shards than cores: each shard is pinned to a core and polls it, so shards share cores and each gets a fraction of one; drop --shards to at most {cores} unless this is a test"
+        );
+    }
     let broker_id = match (args.broker_id, args.lease) {
         (Some(id), _) => id,
         (None, None) => 0,
