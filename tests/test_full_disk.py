@@ -192,3 +192,57 @@ def test_a_full_disk_refuses_produce_and_recovers(volume, sync_scope, tmp_path):
             log = b.log_text()
             floods = log.count("data volume is nearly full") + log.count("append failed")
             assert floods < 20, f"{floods} log lines about the full volume (rate limit broken)"
+
+
+@pytest.mark.parametrize("volume", ["tmpfs"], indirect=True)
+def test_a_refused_batch_does_not_make_the_next_one_out_of_order(volume, tmp_path):
+    """An idempotent producer's batch refused at the floor leaves a gap in its sequence; once
+    space is back, the batch after it must get a retriable answer (resend in order), not
+    OUT_OF_ORDER_SEQUENCE_NUMBER: librdkafka answers that one by bumping its producer epoch
+    and renumbering every record in flight, and those another broker had stored but could not
+    confirm were stored twice (the controller-pause fault run). Driven on the wire, as a
+    client pipelining its batches does."""
+    import kwire
+    (tmp_path / "broker").mkdir()
+    b = Broker(tmp_path / "broker", shards=1)
+    b.data_dir = volume / "data"
+    try:
+        b.start()
+        topic = unique_topic("gap")
+        create_topic(b.bootstrap, topic, 1)
+        ranges = kwire.api_versions(b)
+        version = kwire.pick_produce_version(ranges)
+        pid, epoch = kwire.init_producer_id(b, ranges)
+        s = kwire.connect(b)
+
+        def send(seq: int, corr: int) -> int:
+            batch = kwire.record_batch([(b"k", b"v%d" % seq)], producer_id=pid,
+                                       producer_epoch=epoch, base_sequence=seq)
+            s.sendall(kwire.produce_request(version, corr, topic, 0, batch))
+            return kwire.parse_produce_response(version, kwire.recv_frame(s))[3]
+
+        def refused_now(want: bool) -> None:
+            deadline = time.monotonic() + 10
+            while health(b)["storage"]["produce_refused"] != want:
+                assert time.monotonic() < deadline, health(b)["storage"]
+                time.sleep(0.05)
+
+        assert send(0, 1) == 0
+        floor = health(b)["storage"]["min_free_bytes"]
+        st = os.statvfs(volume)
+        filler = volume / "someone-elses-file"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - floor // 2))
+        refused_now(True)
+        assert send(1, 2) == 56  # KAFKA_STORAGE_ERROR: nothing of it stored
+        filler.unlink()
+        refused_now(False)
+        code = send(2, 3)
+        assert code == 56, (f"sequence 2 after a refused sequence 1 was answered {code} "
+                            "(45 = OUT_OF_ORDER_SEQUENCE_NUMBER makes librdkafka bump its epoch)")
+        assert send(1, 4) == 0 and send(2, 5) == 0
+        s.close()
+        records, _ = rdkafka_read_all(b.bootstrap, topic, 1)
+        assert [r[3] for r in records] == [b"v0", b"v1", b"v2"], records
+    finally:
+        b.stop()

@@ -20,6 +20,7 @@ mod handlers;
 pub mod mesh;
 pub mod probe;
 pub mod ratelog;
+pub mod refused;
 pub mod shard;
 pub mod topic_config;
 

@@ -64,6 +64,9 @@ pub struct Shard {
     /// Logs being opened now (each will hold a descriptor): counted by the open-file budget.
     opening_logs: std::cell::Cell<usize>,
     retired: RefCell<std::collections::VecDeque<(u64, Option<i64>)>>,
+    /// Idempotent batches refused before they were stored, whose gap explains the next
+    /// batch's sequence (see [`crate::refused`]).
+    pub refused: RefCell<crate::refused::RefusedSequences>,
 }
 
 /// How many closed logs' outcomes [`Shard::kept_on_handover`] remembers. A write's answer
@@ -104,6 +107,7 @@ impl Shard {
             opening_logs: std::cell::Cell::new(0),
             taken_epochs: RefCell::new(HashMap::new()),
             retired: RefCell::new(std::collections::VecDeque::new()),
+            refused: RefCell::new(crate::refused::RefusedSequences::default()),
         }
     }
 

@@ -238,6 +238,32 @@ async fn produce_partition(
             return refuse(errors::batch(&e));
         }
     };
+    // An idempotent batch refused below before anything of it is stored leaves a gap in its
+    // producer's sequence; the next batch must not be answered OUT_OF_ORDER for it (see
+    // crate::refused).
+    let sequence = headers
+        .iter()
+        .find(|h| h.producer_id >= 0 && h.base_sequence >= 0)
+        .map(|h| {
+            (
+                (meta.id, partition, h.producer_id),
+                h.producer_epoch,
+                h.base_sequence,
+                h.last_sequence(),
+            )
+        });
+    let note_unstored = |code: i16| {
+        if let Some((key, epoch, first, _)) = sequence {
+            shard
+                .refused
+                .borrow_mut()
+                .note(key, epoch, first, code, std::time::Instant::now());
+        }
+    };
+    let refuse_unstored = |code: i16| {
+        note_unstored(code);
+        refuse(code)
+    };
     let rules = topic_config::produce_rules(&meta.configs, &shard.catalog.broker_configs());
     if headers
         .iter()
@@ -276,6 +302,7 @@ async fn produce_partition(
                  topics or records, lowering retention, or growing the volume"
             )
         });
+        note_unstored(errors::KAFKA_STORAGE_ERROR);
         return Appended::Done(PartResult {
             error_message: Some(format!(
                 "The data volume of broker {} has {free} bytes free, below its \
@@ -289,16 +316,16 @@ async fn produce_partition(
     // Cluster mode: only the leader writes, and only while its write fence is open (see
     // kaas_control::handover); both are checked again before acknowledging.
     let Some(term) = shard.cluster.fence_term() else {
-        return refuse(errors::NOT_LEADER_OR_FOLLOWER);
+        return refuse_unstored(errors::NOT_LEADER_OR_FOLLOWER);
     };
     if !shard.serves(&meta.name, partition) {
-        return refuse(errors::NOT_LEADER_OR_FOLLOWER);
+        return refuse_unstored(errors::NOT_LEADER_OR_FOLLOWER);
     }
     let log = match shard.partition(&meta, partition).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(topic = %meta.name, partition, error = %e, "cannot open partition for produce");
-            return refuse(errors::storage(&e));
+            return refuse_unstored(errors::storage(&e));
         }
     };
     let outcome = match log
@@ -306,6 +333,17 @@ async fn produce_partition(
         .await
     {
         Ok(o) => o,
+        Err(kaas_storage::StorageError::OutOfOrderSequence { got, expected, .. })
+            if sequence.is_some_and(|(key, epoch, ..)| {
+                shard
+                    .refused
+                    .borrow()
+                    .explains(key, epoch, expected, got, std::time::Instant::now())
+                    .is_some()
+            }) =>
+        {
+            return gap_we_left(&shard, sequence, expected, got);
+        }
         Err(e) => {
             if matches!(e, kaas_storage::StorageError::Io { .. }) {
                 // Once per interval: a full or failing disk fails every append.
@@ -318,6 +356,9 @@ async fn produce_partition(
             return refuse(errors::storage(&e));
         }
     };
+    if let Some((key, epoch, first, last)) = sequence {
+        shard.refused.borrow_mut().stored(key, epoch, first, last);
+    }
     let base_offset = match outcome {
         AppendOutcome::Appended { base_offset, .. } => {
             shard.admission.disk.note_written(records.len() as u64);
@@ -352,6 +393,35 @@ async fn produce_partition(
         )
         .await,
     )
+}
+
+/// The answer for an idempotent batch whose sequence gap is a batch this broker refused
+/// unstored (see [`crate::refused`]): the refusal's retriable code, so that the client resends
+/// the refused batch first, instead of OUT_OF_ORDER_SEQUENCE_NUMBER, after which librdkafka
+/// bumps its producer epoch and renumbers (and may store twice) what it has in flight.
+fn gap_we_left(
+    shard: &Shard,
+    sequence: Option<(crate::refused::Key, i16, i32, i32)>,
+    expected: i32,
+    got: i32,
+) -> Appended {
+    let Some((key, epoch, ..)) = sequence else {
+        return Appended::Done(PartResult::error(errors::OUT_OF_ORDER_SEQUENCE_NUMBER));
+    };
+    let code = shard
+        .refused
+        .borrow()
+        .explains(key, epoch, expected, got, std::time::Instant::now())
+        .unwrap_or(errors::OUT_OF_ORDER_SEQUENCE_NUMBER);
+    Appended::Done(PartResult {
+        error_message: Some(format!(
+            "sequence {got} does not follow {}: a batch before it was refused unstored by \
+             broker {} (leadership or free space changed); resend from sequence {expected}",
+            expected - 1,
+            shard.config.broker_id
+        )),
+        ..PartResult::error(code)
+    })
 }
 
 /// Runs on the owning shard: answers an acks=all write once the sync covering it completed.
