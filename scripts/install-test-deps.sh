@@ -3,7 +3,8 @@
 # machine, as root. Idempotent: a rerun only checks that everything is in place.
 #
 #   apt:    kcat (librdkafka CLI), maven + a JDK (for the Java client and Kafka tools),
-#           python3/pip if missing, curl, build essentials for cargo, fuse3 (kaas-lazyfs)
+#           python3/pip if missing, curl, build essentials for cargo, fuse3 (kaas-lazyfs),
+#           prometheus (its promtool checks /metrics)
 #   PyPI:   tests/requirements.txt (pytest, kafka-python, confluent-kafka, requests, ...)
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
@@ -41,6 +42,9 @@ command -v losetup >/dev/null || need+=(mount)
 # the power-loss test mounts kaas-lazyfs (tests/test_power_loss.py): the daemon mounts with
 # mount(2) as root, fusermount3 is the fallback and the tool to detach a dead mount by hand
 command -v fusermount3 >/dev/null || need+=(fuse3)
+# promtool checks the health endpoint's /metrics text (tests/test_http_endpoints.py); Debian
+# ships it in the prometheus package, whose server the tests never start
+command -v promtool >/dev/null || need+=(prometheus)
 
 if [[ ${#need[@]} -gt 0 && "${KAAS_SKIP_APT:-0}" != 1 ]]; then
     log "apt-get install ${need[*]}"

@@ -545,7 +545,11 @@ fn run(args: Args, group: kaas_shard::groups::config::GroupConfig) -> anyhow::Re
                 .expect("control runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(health).expect("health listener");
-                tokio::spawn(kaas_control::health::serve(listener, health_view.clone()));
+                tokio::spawn(kaas_control::health::serve(
+                    listener,
+                    health_view.clone(),
+                    kaas_control::health::Limits::default(),
+                ));
                 let mut cluster_handle = None;
                 if let Some(cc) = cluster_config {
                     match cluster::start(cc, shards_for_cluster).await {

@@ -1,12 +1,17 @@
 """The health address of a kaas broker: /readyz, /healthz (JSON) and /metrics (Prometheus
-text), as an operator or a Kubernetes probe would use them."""
+text, or OpenMetrics on request), as an operator, a Kubernetes probe or Prometheus would use
+them."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -79,3 +84,157 @@ def test_metrics_count_traffic(kaas):
     assert any("bytes" in n and v > 200_000 for n, _, v in samples), \
         "no byte counter reached the ~200 KB produced"
     assert "histogram" in types.values(), types
+
+
+OPENMETRICS = "application/openmetrics-text"
+
+# Every family /metrics had before it was built with prometheus-client, plus kaas_build_info,
+# by the name of its samples (a histogram's are <name>_bucket, _sum and _count).
+FAMILIES = {
+    "kaas_build_info": "gauge",
+    "kaas_requests_total": "counter",
+    "kaas_request_errors_total": "counter",
+    "kaas_errors_total": "counter",
+    "kaas_connections_closed_total": "counter",
+    "kaas_data_dir_free_bytes": "gauge",
+    "kaas_data_dir_size_bytes": "gauge",
+    "kaas_min_free_bytes": "gauge",
+    "kaas_produce_refused_disk_full_total": "counter",
+    "kaas_open_fds": "gauge",
+    "kaas_fd_limit": "gauge",
+    "kaas_heartbeat_refused_total": "counter",
+    "kaas_request_memory_bytes": "gauge",
+    "kaas_request_memory_limit_bytes": "gauge",
+    "kaas_request_memory_waits_total": "counter",
+    "kaas_accept_paused_total": "counter",
+    "kaas_logs_evicted_total": "counter",
+    "kaas_bytes_in_total": "counter",
+    "kaas_bytes_out_total": "counter",
+    "kaas_protocol_errors_total": "counter",
+    "kaas_connections_total": "counter",
+    "kaas_connections_open": "gauge",
+    "kaas_partitions_open": "gauge",
+    "kaas_log_files_open": "gauge",
+    "kaas_shard_alive": "gauge",
+    "kaas_produce_latency_seconds": "histogram",
+    "kaas_fetch_latency_seconds": "histogram",
+}
+
+
+def connect(broker):
+    url = urlsplit(broker.health_url)
+    return http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+
+
+def fetch_metrics(broker, accept=None):
+    headers = {"Accept": accept} if accept else {}
+    req = urllib.request.Request(broker.health_url + "/metrics", headers=headers)
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.headers.get("Content-Type", ""), r.read().decode()
+
+
+def test_every_family_is_present_from_the_start(kaas):
+    """Dashboards and alerts need each series to exist before the event it counts: every family
+    is exposed with its type, and every API the broker serves has a request counter, at zero if
+    no client sent it (DeleteGroups here)."""
+    ctype, body = fetch_metrics(kaas)
+    assert ctype == "text/plain; version=0.0.4; charset=utf-8", ctype
+    samples, types = parse_metrics(body)
+    for name, kind in FAMILIES.items():
+        assert types.get(name) == kind, (name, types.get(name))
+    assert len(types) == len(FAMILIES), sorted(set(types) - set(FAMILIES))
+    requests = {labels for n, labels, _ in samples if n == "kaas_requests_total"}
+    for api in ("Produce", "Fetch", "Metadata", "ApiVersions", "DeleteGroups"):
+        assert any(f'api="{api}"' in labels for labels in requests), (api, requests)
+    assert any(n == "kaas_build_info" and "version=" in labels and v == 1
+               for n, labels, v in samples), "no kaas_build_info{version=...} 1"
+
+
+def test_head_has_no_body(kaas):
+    """A HEAD probe gets the GET's status and headers and no body: a body after a HEAD
+    response would be read as the start of the next response on a kept-alive connection."""
+    conn = connect(kaas)
+    try:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            conn.request("HEAD", path)
+            r = conn.getresponse()
+            assert r.status == 200, (path, r.status)
+            assert int(r.getheader("Content-Length", "0")) > 0, path
+            assert r.read() == b"", path
+        # the bytes that follow on the connection are the next response's, not a stray body
+        conn.request("GET", "/healthz")
+        r = conn.getresponse()
+        assert r.status == 200
+        json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def test_keep_alive(kaas):
+    """Prometheus and load balancers reuse connections: two requests are answered on one TCP
+    connection, which the server does not close after the first."""
+    conn = connect(kaas)
+    try:
+        conn.request("GET", "/healthz")
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200 and not r.will_close, r.getheaders()
+        sock = conn.sock
+        assert sock is not None
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        assert r.status == 200 and "kaas_requests_total" in r.read().decode()
+        assert conn.sock is sock, "the second request needed a new connection"
+    finally:
+        conn.close()
+
+
+def test_post_is_405(kaas):
+    """The endpoint is read-only: another method is refused with 405 and an Allow header that
+    says what is served, rather than answered as a GET."""
+    conn = connect(kaas)
+    try:
+        conn.request("POST", "/metrics", body=b"x")
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 405
+        allowed = {m.strip() for m in r.getheader("Allow", "").split(",")}
+        assert allowed == {"GET", "HEAD"}, r.getheader("Allow")
+    finally:
+        conn.close()
+
+
+def test_promtool_accepts_classic_text(kaas):
+    """What Prometheus's own linter says about the classic text format: no parse error and no
+    lint problem (TYPE names matching their samples, counters ending in _total, units)."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus; "
+                    "scripts/install-test-deps.sh installs it)")
+    _, body = fetch_metrics(kaas)
+    check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), \
+        (check.returncode, check.stdout, check.stderr)
+
+
+def test_openmetrics_parses(kaas):
+    """A scraper that asks for OpenMetrics gets it, complete (ending with # EOF) and accepted by
+    the reference parser, which refused the hand-written text (counter TYPE lines ending in
+    _total clash with their samples there)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    ctype, body = fetch_metrics(kaas, accept=f"{OPENMETRICS};version=1.0.0,text/plain;q=0.5")
+    assert ctype == "application/openmetrics-text; version=1.0.0; charset=utf-8", ctype
+    assert body.endswith("# EOF\n"), body[-200:]
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    assert families["kaas_requests"].type == "counter"
+    assert any(s.name == "kaas_requests_total" and s.labels.get("api") == "ApiVersions"
+               for s in families["kaas_requests"].samples)
+    assert families["kaas_build"].type == "info"
+    assert families["kaas_build"].samples[0].labels.get("version"), families["kaas_build"]
+    assert families["kaas_produce_latency_seconds"].type == "histogram"
+    assert families["kaas_produce_latency_seconds"].unit == "seconds"
+    assert len(families) == len(FAMILIES), sorted(families)
+    # without Accept, the same families in the classic text
+    _, classic = fetch_metrics(kaas)
+    assert "# EOF" not in classic and "# UNIT" not in classic
