@@ -30,7 +30,7 @@ from kcheck import create_topic, rdkafka_produce, unique_topic
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
 PARTITIONS = 6
 
-# Broker settings for this module (read by the broker at start; see shard/src/groups/config.rs).
+# Broker settings for this module (read by the broker at start; see groups/src/config.rs).
 GROUP_ENV = {
     "KAAS_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "6000",
     "KAAS_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",

@@ -19,7 +19,7 @@ from conftest import make_broker, report, temporary_env  # noqa: E402
 # The group settings of kafka-python's own test brokers (its servers/resources/*/
 # kafka.properties): test_group asks for session_timeout_ms=3000, below Kafka's default
 # group.min.session.timeout.ms of 6000, which kaas shares. Read by kaas at start
-# (shard/src/groups/config.rs); KAFKA_EXTRA_PROPS is the same for Apache Kafka
+# (groups/src/config.rs); KAFKA_EXTRA_PROPS is the same for Apache Kafka
 # (KAAS_TEST_APACHE_KAFKA=1, scripts/run-apache-kafka.sh).
 SUITE_BROKER_ENV = {
     "KAAS_GROUP_MIN_SESSION_TIMEOUT_MS": "1000",

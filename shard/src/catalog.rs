@@ -60,6 +60,17 @@ impl TopicTable {
     }
 }
 
+/// What a KIP-848 group's subscriptions resolve against (`kaas-groups` knows nothing of the
+/// catalog): a snapshot's topics by name, with their ids and partition counts.
+impl kaas_groups::consumer::Topics for TopicTable {
+    fn topic(&self, name: &str) -> Option<(Uuid, i32)> {
+        self.topics.get(name).map(|t| (t.id, t.partitions))
+    }
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(self.topics.keys().map(String::as_str))
+    }
+}
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CatalogError {
     #[error("Topic '{0}' already exists.")]

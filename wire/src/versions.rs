@@ -26,7 +26,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeTopicPartitions, 0, 0),
-    // The group coordinator (shard/src/groups). OffsetCommit and OffsetFetch start where
+    // The group coordinator (groups/, shard/src/groups). OffsetCommit and OffsetFetch start where
     // Kafka 4 does (v0/v1 were removed); FindCoordinator v4+ is the batched form.
     (ApiKey::FindCoordinator, 0, 6),
     (ApiKey::JoinGroup, 0, 9),

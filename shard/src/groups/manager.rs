@@ -14,49 +14,9 @@ use futures::channel::oneshot;
 use glommio::sync::Semaphore;
 
 use super::assignor::{self, GroupAssignment, MemberSpec, RackAwareWeights, TopicSpec};
-use super::classic::{ClassicGroup, ClassicState};
-use super::consumer::ConsumerGroup;
+use super::classic::ClassicGroup;
 use super::offsets::{self, OffsetLog, OffsetRecord, OffsetTable, GROUP_ID_FILE};
-use super::{owner_shard, GroupConfig, GroupError};
-
-/// The membership side of a group: classic or KIP-848. A group with no members (for instance
-/// one loaded from disk with only offsets) may switch kind when a member of the other kind
-/// arrives.
-#[derive(Debug)]
-pub enum GroupKind {
-    Classic(ClassicGroup),
-    Consumer(ConsumerGroup),
-}
-
-impl GroupKind {
-    pub fn is_empty(&self) -> bool {
-        match self {
-            GroupKind::Classic(g) => g.is_empty() && g.state == ClassicState::Empty,
-            GroupKind::Consumer(g) => g.is_empty(),
-        }
-    }
-    /// Kafka's state name.
-    pub fn state_name(&self) -> &'static str {
-        match self {
-            GroupKind::Classic(g) => g.state.name(),
-            GroupKind::Consumer(g) => g.state_name(),
-        }
-    }
-    /// ListGroups' `group_type`.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            GroupKind::Classic(_) => "classic",
-            GroupKind::Consumer(_) => "consumer",
-        }
-    }
-    /// ListGroups' `protocol_type`.
-    pub fn protocol_type(&self) -> String {
-        match self {
-            GroupKind::Classic(g) => g.protocol_type.clone().unwrap_or_default(),
-            GroupKind::Consumer(_) => "consumer".to_string(),
-        }
-    }
-}
+use super::{owner_shard, GroupConfig, GroupError, GroupKind};
 
 /// One group.
 pub struct Group {
@@ -494,10 +454,14 @@ impl GroupManager {
             let mut kind = g.kind.borrow_mut();
             match &mut *kind {
                 GroupKind::Classic(c) => {
-                    c.tick(now);
+                    for id in c.tick(now) {
+                        tracing::info!(group = %g.id, member = %id, "member session expired");
+                    }
                 }
                 GroupKind::Consumer(c) => {
-                    c.tick(now);
+                    for id in c.tick(now) {
+                        tracing::info!(group = %g.id, member = %id, "member fenced: session or rebalance timeout expired");
+                    }
                 }
             }
             // Two references: the map's and this loop's. Any other means a request is working
@@ -554,6 +518,12 @@ impl GroupManager {
                 None
             }
         }
+    }
+
+    /// A new member's id, for a member that joins without one (the state machines draw none
+    /// of their own): a random v4 UUID.
+    pub fn new_member_id() -> uuid::Uuid {
+        uuid::Uuid::new_v4()
     }
 
     pub fn known_assignor(&self, name: &str) -> bool {

@@ -7,20 +7,21 @@
 //! owns the group: one `GroupManager` per shard, `Rc`/`RefCell` only, so no lock is ever shared
 //! between shards; requests for a group reach its shard through `mesh::on_shard`.
 //!
+//! The state machines, the assignors, the settings and the errors are the pure `kaas-groups`
+//! crate, re-exported here under their old paths; this module is their IO half: the
+//! [`GroupManager`] (the groups of a shard, the time, new member ids, claims and loading in
+//! cluster mode) and the offset logs.
+//!
 //! Which *broker* coordinates a group is a separate, pure decision: the design's FNV-1a rule in
 //! `kaas_model::coordinator_for_group`, read through the cluster view
 //! (`crate::cluster::ClusterView::coordinator`); in single-node mode it is always this broker.
 
-pub mod assignor;
-pub mod classic;
-pub mod config;
-pub mod consumer;
-pub mod error;
 pub mod manager;
 pub mod offsets;
 
-pub use config::GroupConfig;
-pub use error::GroupError;
+pub use kaas_groups::{
+    assignor, classic, config, consumer, error, Committer, GroupConfig, GroupError, GroupKind,
+};
 pub use manager::GroupManager;
 
 /// How often a shard checks its groups' timeouts (sessions, rebalance and initial delays).

@@ -73,6 +73,7 @@ pub async fn join_group(
                         Instant::now(),
                         cfg.min_session_timeout_ms,
                         cfg.max_session_timeout_ms,
+                        &GroupManager::new_member_id,
                     )
                 });
                 match reply {

@@ -57,7 +57,7 @@ pub async fn consumer_group_heartbeat(
         on_group(shard, &gid.clone(), Err, move |s| async move {
             consumer::validate(&args, version, |n| s.groups.known_assignor(n))?;
             let group = s.groups.get_or_create(&gid);
-            let topics = s.catalog.snapshot();
+            let topics: Arc<dyn consumer::Topics> = s.catalog.snapshot();
             // The broker's group settings with this group's configs (Kafka's GROUP resource).
             let cfg = s
                 .groups
@@ -69,6 +69,7 @@ pub async fn consumer_group_heartbeat(
             let env = HeartbeatEnv {
                 now: Instant::now(),
                 topics: &topics,
+                new_member_id: &GroupManager::new_member_id,
                 session_timeout_ms: cfg.consumer_session_timeout_ms,
                 default_assignor: &cfg.default_assignor,
                 assign: &assign,

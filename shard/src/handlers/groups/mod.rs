@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -52,9 +53,9 @@ use super::per_partition;
 use crate::errors;
 use crate::groups::classic::{JoinArgs, JoinResult, MemberRef, Reply, SyncResult};
 use crate::groups::consumer::{self, ConsumerGroup, HeartbeatArgs, HeartbeatEnv};
-use crate::groups::manager::{Group, GroupKind, ListedGroup};
+use crate::groups::manager::{Group, GroupManager, ListedGroup};
 use crate::groups::offsets::{CommittedOffset, OffsetRecord};
-use crate::groups::{classic::ClassicGroup, owner_shard, GroupError};
+use crate::groups::{classic::ClassicGroup, owner_shard, Committer, GroupError, GroupKind};
 use crate::mesh::on_shard;
 use crate::shard::Shard;
 
@@ -293,11 +294,12 @@ mod tests {
             consumer_heartbeat_response(Err(GroupError::FencedMemberEpoch("x".into())))
         });
         let mut cg = ConsumerGroup::new("g");
-        let topics = std::sync::Arc::new(crate::catalog::TopicTable::default());
+        let topics: Arc<dyn consumer::Topics> = Arc::new(crate::catalog::TopicTable::default());
         let assign = |_: &str, _: &[_], _: &BTreeMap<_, _>| None;
         let env = HeartbeatEnv {
             now: Instant::now(),
             topics: &topics,
+            new_member_id: &GroupManager::new_member_id,
             session_timeout_ms: 45_000,
             default_assignor: "uniform",
             assign: &assign,

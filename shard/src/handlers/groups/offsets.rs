@@ -68,26 +68,22 @@ pub(super) async fn commit_on_owner(
     let group = s.groups.get_or_create(gid);
     let member_id = req.member_id.to_string();
     let instance = req.group_instance_id.as_ref().map(|i| i.to_string());
-    let generation = req.generation_id_or_member_epoch;
-    let validated = match &*group.kind.borrow() {
-        GroupKind::Classic(c) => c.validate_commit(MemberRef {
-            member_id: &member_id,
-            instance_id: instance.as_deref(),
-            generation,
-        }),
-        GroupKind::Consumer(c) => {
-            let topics = s.catalog.snapshot();
-            let partitions: Vec<(Option<Uuid>, i32)> = req
-                .topics
-                .iter()
-                .flat_map(|t| {
-                    let id = topics.get(t.name.as_str()).map(|m| m.id);
-                    t.partitions.iter().map(move |p| (id, p.partition_index))
-                })
-                .collect();
-            c.validate_commit(&member_id, generation, version, &partitions)
-        }
+    let committer = Committer {
+        member_id: &member_id,
+        instance_id: instance.as_deref(),
+        generation_or_member_epoch: req.generation_id_or_member_epoch,
+        version,
     };
+    let validated = group.kind.borrow().validate_commit(&committer, || {
+        let topics = s.catalog.snapshot();
+        req.topics
+            .iter()
+            .flat_map(|t| {
+                let id = topics.get(t.name.as_str()).map(|m| m.id);
+                t.partitions.iter().map(move |p| (id, p.partition_index))
+            })
+            .collect()
+    });
     if let Err(e) = validated {
         let c = errors::group(&e);
         return req
@@ -300,13 +296,11 @@ pub(super) fn fetch_on_owner(s: &Rc<Shard>, want: FetchGroup) -> FetchedGroup {
     }
     let group = s.groups.get(&want.group_id);
     if let (Some(g), Some((member_id, epoch))) = (&group, &want.member) {
-        if let GroupKind::Consumer(c) = &*g.kind.borrow() {
-            if let Err(e) = c.validate_fetch(member_id, *epoch) {
-                return FetchedGroup {
-                    error: errors::group(&e),
-                    topics: Vec::new(),
-                };
-            }
+        if let Err(e) = g.kind.borrow().validate_fetch(member_id, *epoch) {
+            return FetchedGroup {
+                error: errors::group(&e),
+                topics: Vec::new(),
+            };
         }
     }
     let empty = Default::default();

@@ -4,7 +4,7 @@
 //! - the **group epoch** rises whenever what the assignment depends on changes (a member joins,
 //!   leaves or changes its subscription; a subscribed topic appears, disappears or grows);
 //! - the **assignment epoch** is the group epoch the current *target assignment* was computed
-//!   at; the target is computed by a server-side assignor ([`super::assignor`]) for all
+//!   at; the target is computed by a server-side assignor ([`crate::assignor`]) for all
 //!   members at once whenever the group epoch is ahead of it;
 //! - each **member epoch** says which target the member has caught up with.
 //!
@@ -14,8 +14,8 @@
 //! it receives a newly assigned partition only once no other member still owns it (assigned or
 //! pending revocation). So no partition is ever owned by two members at once.
 //!
-//! Pure logic: time, the topic table and the assignor come in as arguments, so every rule is
-//! tested without IO.
+//! Pure logic: time, the topic table, new member ids and the assignor come in as arguments, so
+//! every rule is tested without IO, clock or randomness.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -23,9 +23,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::assignor::{GroupAssignment, MemberSpec, TopicSpec};
-use super::GroupError;
-use crate::catalog::TopicTable;
+use crate::assignor::{GroupAssignment, MemberSpec, TopicSpec};
+use crate::GroupError;
 
 mod target;
 
@@ -93,6 +92,30 @@ pub struct HeartbeatResult {
     pub assignment: Option<Vec<(Uuid, Vec<i32>)>>,
 }
 
+/// The topics a group's subscriptions resolve against: the shard's catalog snapshot.
+///
+/// A trait rather than the catalog's own type, so this crate needs nothing of `kaas-shard`: the
+/// shard implements it for its `TopicTable` snapshot and hands that `Arc` over as it is (no copy
+/// per heartbeat), tests implement it for a map. A group re-resolves its regexes only when it is
+/// handed another `Arc` (compared by pointer), so a table never changes: a change is a new
+/// snapshot.
+pub trait Topics: std::fmt::Debug {
+    /// The topic called `name`: its id and partition count.
+    fn topic(&self, name: &str) -> Option<(Uuid, i32)>;
+    /// Every topic's name (what a regex subscription is matched against).
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_>;
+}
+
+/// A plain table: topic name -> (id, partition count).
+impl Topics for BTreeMap<String, (Uuid, i32)> {
+    fn topic(&self, name: &str) -> Option<(Uuid, i32)> {
+        self.get(name).copied()
+    }
+    fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(self.keys().map(String::as_str))
+    }
+}
+
 /// Runs the named assignor; `None` when the name is unknown.
 pub type AssignFn<'a> =
     &'a dyn Fn(&str, &[MemberSpec], &BTreeMap<String, TopicSpec>) -> Option<GroupAssignment>;
@@ -100,7 +123,11 @@ pub type AssignFn<'a> =
 /// What a heartbeat needs from outside the group.
 pub struct HeartbeatEnv<'a> {
     pub now: Instant,
-    pub topics: &'a Arc<TopicTable>,
+    pub topics: &'a Arc<dyn Topics>,
+    /// Draws the id of a member that joins without one (ConsumerGroupHeartbeat v0; v1+ members
+    /// bring their own): the caller's randomness (the shard's `GroupManager::new_member_id`),
+    /// called only when needed, so the state machine has none of its own.
+    pub new_member_id: &'a dyn Fn() -> Uuid,
     /// The rack of the broker that leads a partition (the cluster view Metadata serves), for
     /// the rack-aware assignor; `None` when unknown (no racks, single node, in handover).
     pub leader_rack: &'a dyn Fn(&str, i32) -> Option<String>,
@@ -191,7 +218,7 @@ pub struct ConsumerGroup {
     partition_racks: BTreeMap<String, Vec<Option<String>>>,
     /// Regex -> compiled pattern and the topics it matched in `resolved_for`.
     regexes: HashMap<String, (regex::Regex, BTreeSet<String>)>,
-    resolved_for: Option<Arc<TopicTable>>,
+    resolved_for: Option<Arc<dyn Topics>>,
     /// group.instance.id -> member id.
     static_members: HashMap<String, String>,
     /// The assignor of the last target computation (ConsumerGroupDescribe).
@@ -307,7 +334,7 @@ impl ConsumerGroup {
             return self.leave(&args);
         }
         let member_id = if args.member_id.is_empty() {
-            uuid::Uuid::new_v4().to_string()
+            (env.new_member_id)().to_string()
         } else {
             args.member_id.clone()
         };
@@ -433,7 +460,7 @@ impl ConsumerGroup {
 
         // 3. Topics matter too: a subscribed topic created, deleted or grown bumps the epoch.
         self.refresh_regexes(env.topics);
-        let metadata = self.compute_subscription_metadata(env.topics);
+        let metadata = self.compute_subscription_metadata(&**env.topics);
         if metadata != self.subscription_metadata {
             self.subscription_metadata = metadata;
             bump = true;
@@ -626,8 +653,8 @@ impl ConsumerGroup {
     }
 
     /// Expired sessions and members that did not revoke within their rebalance timeout are
-    /// removed. Returns true when something changed.
-    pub fn tick(&mut self, now: Instant) -> bool {
+    /// removed. Returns the members removed, for the caller to log (nothing here logs).
+    pub fn tick(&mut self, now: Instant) -> Vec<String> {
         let gone: Vec<String> = self
             .members
             .values()
@@ -637,10 +664,9 @@ impl ConsumerGroup {
             .map(|m| m.member_id.clone())
             .collect();
         for id in &gone {
-            tracing::info!(group = %self.group_id, member = %id, "member fenced: session or rebalance timeout expired");
             self.remove_member(id);
         }
-        !gone.is_empty()
+        gone
     }
 
     /// OffsetCommit: admin / standalone commits (epoch < 0) only while the group is empty;

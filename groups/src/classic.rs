@@ -1,8 +1,9 @@
 //! The classic group membership protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) as a
 //! state machine: requests and the current time go in, answers come out — immediately, or
 //! later through a oneshot channel when a JoinGroup or SyncGroup has to wait for the rest of the
-//! group. No IO and no clock of its own, so it is tested without sockets or sleeps; the
-//! per-shard timer calls [`ClassicGroup::tick`].
+//! group. No IO, no clock and no randomness of its own (a new member's id is drawn by the
+//! caller), so it is tested without sockets or sleeps; the per-shard timer calls
+//! [`ClassicGroup::tick`].
 //!
 //! States, as Kafka's: `Empty` (no members) → `PreparingRebalance` (collecting JoinGroups;
 //! every known member must rejoin, or be dropped at the rebalance timeout) →
@@ -16,9 +17,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::channel::oneshot;
+use futures_channel::oneshot;
+use uuid::Uuid;
 
-use super::GroupError;
+use crate::GroupError;
 
 mod join;
 
@@ -183,8 +185,9 @@ pub struct ClassicGroup {
     initial_delay_ms: u64,
 }
 
-fn new_member_id(client_id: &str) -> String {
-    format!("{client_id}-{}", uuid::Uuid::new_v4())
+/// Kafka's form of a member id: the client id, a dash, a UUID (drawn by the caller).
+fn member_id_for(client_id: &str, id: Uuid) -> String {
+    format!("{client_id}-{id}")
 }
 
 impl ClassicGroup {
@@ -520,16 +523,12 @@ impl ClassicGroup {
     }
 
     /// Timeouts: initial delay and rebalance deadline, sync deadline, expired sessions and
-    /// expired KIP-394 pending ids. Returns true when something changed.
-    pub fn tick(&mut self, now: Instant) -> bool {
-        let mut changed = false;
-        let before = self.pending_members.len();
+    /// expired KIP-394 pending ids. Returns the members removed because their session
+    /// expired, for the caller to log (nothing here logs).
+    pub fn tick(&mut self, now: Instant) -> Vec<String> {
         self.pending_members.retain(|_, deadline| *deadline > now);
-        changed |= before != self.pending_members.len();
         if self.state == ClassicState::PreparingRebalance {
-            let gen = self.generation;
             self.maybe_complete_join(now);
-            changed |= gen != self.generation;
         }
         if self.state == ClassicState::CompletingRebalance
             && self.sync_deadline.is_some_and(|d| now >= d)
@@ -539,7 +538,6 @@ impl ClassicGroup {
             self.sync_deadline = None;
             for id in missing {
                 self.remove_member_and_rebalance(&id, now);
-                changed = true;
             }
         }
         // Members waiting for our answer are not expired: the wait is ours, not theirs.
@@ -553,12 +551,10 @@ impl ClassicGroup {
             })
             .map(|m| m.member_id.clone())
             .collect();
-        for id in expired {
-            tracing::info!(group = %self.group_id, member = %id, "member session expired");
-            self.remove_member_and_rebalance(&id, now);
-            changed = true;
+        for id in &expired {
+            self.remove_member_and_rebalance(id, now);
         }
-        changed
+        expired
     }
 
     /// OffsetCommit from this group: simple commits (generation < 0, no member) only while

@@ -6,7 +6,7 @@
 //! at start like every other flag) and builds the [`GroupConfig`] with
 //! [`GroupConfig::from_values`]; [`GroupConfig::default`] takes the defaults.
 
-use super::assignor::RackAwareWeights;
+use crate::assignor::RackAwareWeights;
 
 /// One integer setting.
 pub struct Setting {

@@ -4,13 +4,15 @@
 use super::*;
 
 impl ClassicGroup {
-    /// JoinGroup.
+    /// JoinGroup. `new_member_id` draws the UUID of a member that joins without an id (the
+    /// caller's randomness: the shard's `GroupManager::new_member_id`); it is called only then.
     pub fn join(
         &mut self,
         args: JoinArgs,
         now: Instant,
         min_session_ms: i32,
         max_session_ms: i32,
+        new_member_id: &dyn Fn() -> Uuid,
     ) -> Reply<JoinResult> {
         if let Err(e) = self.validate_session(&args, min_session_ms, max_session_ms) {
             return Reply::Now(JoinResult::error(e, &args.member_id));
@@ -30,7 +32,8 @@ impl ClassicGroup {
             ));
         }
         if args.member_id.is_empty() {
-            self.join_unknown_member(args, now)
+            let member_id = member_id_for(&args.client_id, new_member_id());
+            self.join_unknown_member(member_id, args, now)
         } else {
             self.join_known_member(args, now)
         }
@@ -38,10 +41,10 @@ impl ClassicGroup {
 
     pub(super) fn join_unknown_member(
         &mut self,
+        member_id: String,
         args: JoinArgs,
         now: Instant,
     ) -> Reply<JoinResult> {
-        let member_id = new_member_id(&args.client_id);
         if let Some(instance) = args.instance_id.clone() {
             if let Some(old_id) = self.static_members.get(&instance).cloned() {
                 return self.replace_static_member(old_id, member_id, args, now);

@@ -5,7 +5,7 @@ use super::*;
 
 impl ConsumerGroup {
     /// Re-resolves regexes against a new topic table (cheap when the table is unchanged).
-    pub(super) fn refresh_regexes(&mut self, topics: &Arc<TopicTable>) {
+    pub(super) fn refresh_regexes(&mut self, topics: &Arc<dyn Topics>) {
         let wanted: BTreeSet<String> = self
             .members
             .values()
@@ -26,10 +26,9 @@ impl ConsumerGroup {
             if fresh || table_changed {
                 let (re, matched) = self.regexes.get_mut(&r).expect("inserted");
                 *matched = topics
-                    .topics
-                    .keys()
+                    .names()
                     .filter(|t| re.is_match(t))
-                    .cloned()
+                    .map(str::to_string)
                     .collect();
             }
         }
@@ -38,13 +37,13 @@ impl ConsumerGroup {
 
     pub(super) fn compute_subscription_metadata(
         &self,
-        topics: &TopicTable,
+        topics: &dyn Topics,
     ) -> BTreeMap<String, (Uuid, i32)> {
         let mut out = BTreeMap::new();
         for m in self.members.values() {
             for t in self.member_topics(m) {
-                if let Some(meta) = topics.get(&t) {
-                    out.insert(t, (meta.id, meta.partitions));
+                if let Some(meta) = topics.topic(&t) {
+                    out.insert(t, meta);
                 }
             }
         }

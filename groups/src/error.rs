@@ -1,4 +1,4 @@
-//! Errors of the group coordinator. `crate::errors::group` is the one place they become Kafka
+//! Errors of the group coordinator. `kaas_shard::errors::group` is the one place they become Kafka
 //! error codes; each variant is named after the Kafka error it stands for, because clients act
 //! on the exact code (rejoin, retry, give up).
 

@@ -5,6 +5,15 @@ use super::*;
 const MIN: i32 = 6000;
 const MAX: i32 = 300_000;
 
+/// New member ids, distinct and deterministic (the caller's part; the shard draws v4 UUIDs).
+fn fresh_id() -> Uuid {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    Uuid::from_u128(
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .into(),
+    )
+}
+
 fn args(member_id: &str, protocols: &[&str]) -> JoinArgs {
     JoinArgs {
         member_id: member_id.into(),
@@ -47,10 +56,10 @@ fn join_new(
     now: Instant,
     protocols: &[&str],
 ) -> (String, oneshot::Receiver<JoinResult>) {
-    let first = now_result(g.join(args("", protocols), now, MIN, MAX));
+    let first = now_result(g.join(args("", protocols), now, MIN, MAX, &fresh_id));
     assert_eq!(first.error, Some(GroupError::MemberIdRequired));
     let id = first.member_id.clone();
-    let rx = later(g.join(args(&id, protocols), now, MIN, MAX));
+    let rx = later(g.join(args(&id, protocols), now, MIN, MAX, &fresh_id));
     (id, rx)
 }
 
@@ -145,7 +154,7 @@ fn stable_pair(t0: Instant) -> (ClassicGroup, String, String) {
     // b joins a group that already has a generation: everyone rejoins.
     let (b, mut rb) = join_new(&mut g, t0, &["range"]);
     assert_eq!(g.state, ClassicState::PreparingRebalance);
-    let mut ra = later(g.join(args(&a, &["range"]), t0, MIN, MAX));
+    let mut ra = later(g.join(args(&a, &["range"]), t0, MIN, MAX, &fresh_id));
     let ja = ready(&mut ra).unwrap();
     let _ = ready(&mut rb).unwrap();
     assert_eq!(ja.generation, 2);
@@ -193,7 +202,7 @@ fn leave_rebalances() {
         ),
         Err(GroupError::RebalanceInProgress)
     );
-    let mut rb = later(g.join(args(&b, &["range"]), t0, MIN, MAX));
+    let mut rb = later(g.join(args(&b, &["range"]), t0, MIN, MAX, &fresh_id));
     let jb = ready(&mut rb).unwrap();
     assert_eq!(jb.generation, 3);
     assert_eq!(jb.leader, b);
@@ -224,7 +233,7 @@ fn session_expiry() {
     assert!(!g.members.contains_key(&a));
     assert_eq!(g.state, ClassicState::PreparingRebalance);
     // b rejoins; then b stops too.
-    let mut rb = later(g.join(args(&b, &["range"]), t1, MIN, MAX));
+    let mut rb = later(g.join(args(&b, &["range"]), t1, MIN, MAX, &fresh_id));
     assert_eq!(ready(&mut rb).unwrap().generation, 3);
     assert!(g
         .validate_commit(MemberRef {
@@ -251,7 +260,7 @@ fn protocol_selection() {
     let mut g = ClassicGroup::new("g", 0);
     let (_, mut r1) = join_new(&mut g, t0, &["cooperative-sticky", "range"]);
     ready(&mut r1).unwrap();
-    let refused = now_result(g.join(args("", &["roundrobin"]), t0, MIN, MAX));
+    let refused = now_result(g.join(args("", &["roundrobin"]), t0, MIN, MAX, &fresh_id));
     assert!(matches!(
         refused.error,
         Some(GroupError::InconsistentGroupProtocol(_))
@@ -261,7 +270,7 @@ fn protocol_selection() {
         ..args("", &["range"])
     };
     assert!(matches!(
-        now_result(g.join(short, t0, MIN, MAX)).error,
+        now_result(g.join(short, t0, MIN, MAX, &fresh_id)).error,
         Some(GroupError::InvalidSessionTimeout { .. })
     ));
     g.members.values_mut().for_each(|m| {
@@ -281,7 +290,7 @@ fn static_member_rejoin() {
     let mut g = ClassicGroup::new("g", 0);
     let mut a = args("", &["range"]);
     a.instance_id = Some("i-1".into());
-    let mut r = later(g.join(a.clone(), t0, MIN, MAX));
+    let mut r = later(g.join(a.clone(), t0, MIN, MAX, &fresh_id));
     let j = ready(&mut r).unwrap();
     let old = j.member_id.clone();
     let _ = g.sync(
@@ -296,7 +305,7 @@ fn static_member_rejoin() {
         t0,
     );
     assert_eq!(g.state, ClassicState::Stable);
-    let j2 = now_result(g.join(a, t0, MIN, MAX));
+    let j2 = now_result(g.join(a, t0, MIN, MAX, &fresh_id));
     assert_eq!(j2.error, None);
     assert_ne!(j2.member_id, old);
     assert_eq!(j2.generation, 1, "no rebalance");

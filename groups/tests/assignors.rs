@@ -5,16 +5,16 @@
 //! Every check here recomputes what it needs (ownership, cross-rack reads, moves, balance) from
 //! the inputs rather than trusting the assignor module's own helpers.
 //!
-//! The property tests use a small seeded generator rather than proptest, because the shard crate
-//! has no proptest dev-dependency; each failure names its seed and prints its input, and
-//! `ASSIGNOR_SEED` / `ASSIGNOR_CASES` rerun one case or run more.
+//! The property tests use a small seeded generator rather than proptest (they were written when
+//! the assignors lived in a crate without it); each failure names its seed and prints its
+//! input, and `ASSIGNOR_SEED` / `ASSIGNOR_CASES` rerun one case or run more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use kaas_shard::groups::assignor::{
+use kaas_groups::assignor::{
     assignment_stats, by_name, GroupAssignment, MemberSpec, RackAwareAssignor, RackAwareWeights,
     RangeAssignor, ServerAssignor, TopicSpec, UniformAssignor, ASSIGNOR_NAMES, DEFAULT_ASSIGNOR,
 };

@@ -1,21 +1,13 @@
 //! Unit tests of `consumer.rs`, kept beside it so the state machine reads on its own.
 
 use super::*;
-use crate::catalog::TopicMeta;
 
-fn table(topics: &[(&str, i32)]) -> Arc<TopicTable> {
-    let mut t = TopicTable::default();
-    for (i, (name, parts)) in topics.iter().enumerate() {
-        t.topics.insert(
-            name.to_string(),
-            Arc::new(TopicMeta {
-                name: name.to_string(),
-                id: Uuid::from_u128(i as u128 + 1),
-                partitions: *parts,
-                configs: Default::default(),
-            }),
-        );
-    }
+fn table(topics: &[(&str, i32)]) -> Arc<dyn Topics> {
+    let t: BTreeMap<String, (Uuid, i32)> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, (name, parts))| (name.to_string(), (Uuid::from_u128(i as u128 + 1), *parts)))
+        .collect();
     Arc::new(t)
 }
 
@@ -52,10 +44,11 @@ fn round_robin(
     Some(out)
 }
 
-fn env<'a>(now: Instant, topics: &'a Arc<TopicTable>) -> HeartbeatEnv<'a> {
+fn env<'a>(now: Instant, topics: &'a Arc<dyn Topics>) -> HeartbeatEnv<'a> {
     HeartbeatEnv {
         now,
         topics,
+        new_member_id: &|| Uuid::from_u128(99),
         session_timeout_ms: 45_000,
         default_assignor: "uniform",
         assign: &round_robin,
@@ -207,7 +200,7 @@ fn leave_and_expiry() {
     assert_eq!(count(&owned_of(&a)), 4);
 
     g.heartbeat(join("c", &["orders"]), &env(now, &t)).unwrap();
-    assert!(g.tick(now + Duration::from_secs(46)));
+    assert_eq!(g.tick(now + Duration::from_secs(46)), vec!["a", "c"]);
     assert!(g.members.is_empty());
     assert_eq!(g.state_name(), "Empty");
 }
