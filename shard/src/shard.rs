@@ -60,7 +60,8 @@ pub struct Shard {
     closing: RefCell<HashMap<u64, Rc<PartitionLog>>>,
     /// Cluster mode: the leader epoch each served partition was taken over at; a log the
     /// open-file budget closed is reopened only while the stored epoch is still this one.
-    taken_epochs: RefCell<HashMap<(Uuid, i32), i32>>,
+    /// Cluster mode: the epoch each served partition was taken over at, and when.
+    taken_epochs: RefCell<HashMap<(Uuid, i32), (i32, std::time::Instant)>>,
     /// Logs being opened now (each will hold a descriptor): counted by the open-file budget.
     opening_logs: std::cell::Cell<usize>,
     retired: RefCell<std::collections::VecDeque<(u64, Option<i64>)>>,
@@ -127,6 +128,19 @@ impl Shard {
             .is_some_and(|(_, end)| end.is_some_and(|e| end_offset <= e))
     }
 
+    /// Cluster mode: whether this broker took `partition` over less than `window` ago.
+    pub fn taken_over_within(
+        &self,
+        topic_id: Uuid,
+        partition: i32,
+        window: std::time::Duration,
+    ) -> bool {
+        self.taken_epochs
+            .borrow()
+            .get(&(topic_id, partition))
+            .is_some_and(|(_, at)| at.elapsed() < window)
+    }
+
     /// Whether this shard serves `topic`/`partition` now: always in single-node mode; in
     /// cluster mode only between its take-over and its relinquish.
     pub fn serves(&self, topic: &str, partition: i32) -> bool {
@@ -169,9 +183,10 @@ impl Shard {
             generation = log.generation(),
             "took over"
         );
-        self.taken_epochs
-            .borrow_mut()
-            .insert((topic.id, partition), log.leader_epoch().0);
+        self.taken_epochs.borrow_mut().insert(
+            (topic.id, partition),
+            (log.leader_epoch().0, std::time::Instant::now()),
+        );
         // Many take-overs at once open their logs together, before any of them is idle: make
         // room now that this one is open (it reopens on its first use if it is closed).
         drop(log);
@@ -225,7 +240,7 @@ impl Shard {
         let ours = match self.open_partition(topic.id, partition) {
             Some(log) => log.leader_epoch().0,
             None => match self.taken_epochs.borrow().get(&(topic.id, partition)) {
-                Some(e) => *e,
+                Some((e, _)) => *e,
                 None => return Ok(()),
             },
         };
@@ -319,7 +334,7 @@ impl Shard {
                 .taken_epochs
                 .borrow()
                 .get(&(topic.id, partition))
-                .copied();
+                .map(|(e, _)| *e);
             if let Some(taken) = taken {
                 let dir = topic.partition_dir(&self.config.data_dir, partition);
                 let stored = kaas_storage::stored_leader_epoch(&dir)?;

@@ -334,13 +334,7 @@ async fn produce_partition(
     {
         Ok(o) => o,
         Err(kaas_storage::StorageError::OutOfOrderSequence { got, expected, .. })
-            if sequence.is_some_and(|(key, epoch, ..)| {
-                shard
-                    .refused
-                    .borrow()
-                    .explains(key, epoch, expected, got, std::time::Instant::now())
-                    .is_some()
-            }) =>
+            if gap_answer(&shard, sequence, expected, got).is_some() =>
         {
             return gap_we_left(&shard, sequence, expected, got);
         }
@@ -395,6 +389,27 @@ async fn produce_partition(
     )
 }
 
+/// The retriable answer for a sequence gap this broker or the previous leader left by refusing
+/// a batch unstored, or `None` for a gap the client made (see [`crate::refused`]).
+fn gap_answer(
+    shard: &Shard,
+    sequence: Option<(crate::refused::Key, i16, i32, i32)>,
+    expected: i32,
+    got: i32,
+) -> Option<i16> {
+    let (key, epoch, ..) = sequence?;
+    let ours =
+        shard
+            .refused
+            .borrow()
+            .explains(key, epoch, expected, got, std::time::Instant::now());
+    ours.or_else(|| {
+        shard
+            .taken_over_within(key.0, key.1, crate::refused::AFTER_TAKE_OVER)
+            .then_some(errors::NOT_LEADER_OR_FOLLOWER)
+    })
+}
+
 /// The answer for an idempotent batch whose sequence gap is a batch this broker refused
 /// unstored (see [`crate::refused`]): the refusal's retriable code, so that the client resends
 /// the refused batch first, instead of OUT_OF_ORDER_SEQUENCE_NUMBER, after which librdkafka
@@ -405,18 +420,13 @@ fn gap_we_left(
     expected: i32,
     got: i32,
 ) -> Appended {
-    let Some((key, epoch, ..)) = sequence else {
-        return Appended::Done(PartResult::error(errors::OUT_OF_ORDER_SEQUENCE_NUMBER));
-    };
-    let code = shard
-        .refused
-        .borrow()
-        .explains(key, epoch, expected, got, std::time::Instant::now())
-        .unwrap_or(errors::OUT_OF_ORDER_SEQUENCE_NUMBER);
+    let code =
+        gap_answer(shard, sequence, expected, got).unwrap_or(errors::OUT_OF_ORDER_SEQUENCE_NUMBER);
     Appended::Done(PartResult {
         error_message: Some(format!(
             "sequence {got} does not follow {}: a batch before it was refused unstored by \
-             broker {} (leadership or free space changed); resend from sequence {expected}",
+             broker {} or by the partition's previous leader (leadership or free space \
+             changed); resend from sequence {expected}",
             expected - 1,
             shard.config.broker_id
         )),
