@@ -38,6 +38,30 @@ fn err(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
+/// Answers a request that names an entry (lookup, mkdir, mknod, link) with it or the error.
+fn entry(reply: ReplyEntry, r: Result<Attr, i32>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Answers an attribute request (getattr, setattr) with the attributes or the error.
+fn attr(reply: ReplyAttr, r: Result<Attr, i32>) {
+    match r {
+        Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Answers a request with no payload (unlink, rename, fsync, …) with success or the error.
+fn empty(reply: ReplyEmpty, r: Result<(), i32>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
 fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
@@ -74,17 +98,11 @@ impl LazyFs {
 
 impl Filesystem for LazyFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.with(|fs| fs.lookup(parent.0, name)) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        entry(reply, self.with(|fs| fs.lookup(parent.0, name)))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.with(|fs| fs.attr(ino.0)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(err(e)),
-        }
+        attr(reply, self.with(|fs| fs.attr(ino.0)))
     }
 
     fn setattr(
@@ -115,10 +133,7 @@ impl Filesystem for LazyFs {
                 TimeOrNow::Now => SystemTime::now(),
             }),
         };
-        match self.with(|fs| fs.setattr(ino.0, set)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(err(e)),
-        }
+        attr(reply, self.with(|fs| fs.setattr(ino.0, set)))
     }
 
     fn mkdir(
@@ -130,10 +145,10 @@ impl Filesystem for LazyFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.with(|fs| fs.mkdir(parent.0, name, mode & !umask)) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        entry(
+            reply,
+            self.with(|fs| fs.mkdir(parent.0, name, mode & !umask)),
+        )
     }
 
     fn mknod(
@@ -149,10 +164,10 @@ impl Filesystem for LazyFs {
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
-        match self.with(|fs| fs.create(parent.0, name, mode & !umask)) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        entry(
+            reply,
+            self.with(|fs| fs.create(parent.0, name, mode & !umask)),
+        )
     }
 
     fn create(
@@ -195,17 +210,11 @@ impl Filesystem for LazyFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.with(|fs| fs.unlink(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.with(|fs| fs.unlink(parent.0, name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.with(|fs| fs.rmdir(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.with(|fs| fs.rmdir(parent.0, name)))
     }
 
     fn rename(
@@ -222,10 +231,10 @@ impl Filesystem for LazyFs {
             return reply.error(Errno::EINVAL);
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-        match self.with(|fs| fs.rename(parent.0, name, newparent.0, newname, noreplace)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(
+            reply,
+            self.with(|fs| fs.rename(parent.0, name, newparent.0, newname, noreplace)),
+        )
     }
 
     fn link(
@@ -236,10 +245,7 @@ impl Filesystem for LazyFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.with(|fs| fs.link(ino.0, newparent.0, newname)) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(err(e)),
-        }
+        entry(reply, self.with(|fs| fs.link(ino.0, newparent.0, newname)))
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -319,10 +325,7 @@ impl Filesystem for LazyFs {
         reply: ReplyEmpty,
     ) {
         // fdatasync and fsync alike: the size is data here, and names are the directory's.
-        match self.with(|fs| fs.fsync_file(ino.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.with(|fs| fs.fsync_file(ino.0)))
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -365,10 +368,7 @@ impl Filesystem for LazyFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.with(|fs| fs.fsync_dir(ino.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+        empty(reply, self.with(|fs| fs.fsync_dir(ino.0)))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

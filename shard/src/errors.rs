@@ -95,7 +95,6 @@ pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
 pub const REQUEST_TIMED_OUT: i16 = E::RequestTimedOut.code();
 pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
 pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
-pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = E::OutOfOrderSequenceNumber.code();
 pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();

@@ -166,6 +166,16 @@ struct EpochAnswer {
     end_offset: i64,
 }
 
+impl EpochAnswer {
+    fn error(code: i16) -> Self {
+        EpochAnswer {
+            error_code: code,
+            leader_epoch: -1,
+            end_offset: -1,
+        }
+    }
+}
+
 /// One partition's OffsetForLeaderEpoch answer, on the shard that owns it.
 async fn epoch_answer(
     s: Rc<Shard>,
@@ -176,20 +186,10 @@ async fn epoch_answer(
 ) -> EpochAnswer {
     let log = match s.partition(&m, p).await {
         Ok(l) => l,
-        Err(e) => {
-            return EpochAnswer {
-                error_code: errors::storage(&e),
-                leader_epoch: -1,
-                end_offset: -1,
-            }
-        }
+        Err(e) => return EpochAnswer::error(errors::storage(&e)),
     };
     if let Err(code) = check_epoch(current, log.leader_epoch().0) {
-        return EpochAnswer {
-            error_code: code,
-            leader_epoch: -1,
-            end_offset: -1,
-        };
+        return EpochAnswer::error(code);
     }
     let (leader_epoch, end_offset) = log.end_offset_for_epoch(wanted);
     tracing::debug!(
@@ -229,21 +229,13 @@ pub async fn offset_for_leader_epoch(
             )
         })
         .collect();
-    let unknown = EpochAnswer {
-        error_code: errors::UNKNOWN_TOPIC_OR_PARTITION,
-        leader_epoch: -1,
-        end_offset: -1,
-    };
+    let unknown = EpochAnswer::error(errors::UNKNOWN_TOPIC_OR_PARTITION);
     let answers = per_topic_partition(
         shard,
         wanted,
         |s, m, p, (current, wanted)| epoch_answer(s, m, p, current, wanted),
         unknown,
-        EpochAnswer {
-            error_code: errors::NOT_LEADER_OR_FOLLOWER,
-            leader_epoch: -1,
-            end_offset: -1,
-        },
+        EpochAnswer::error(errors::NOT_LEADER_OR_FOLLOWER),
     )
     .await;
     let topics = req

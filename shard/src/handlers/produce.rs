@@ -328,16 +328,16 @@ async fn produce_partition(
             return refuse_unstored(errors::storage(&e));
         }
     };
-    let outcome = match log
+    let appended = log
         .append_at(&records, &headers, log.leader_epoch(), log_append_time_ms)
-        .await
-    {
-        Ok(o) => o,
-        Err(kaas_storage::StorageError::OutOfOrderSequence { got, expected, .. })
-            if gap_answer(&shard, sequence, expected, got).is_some() =>
-        {
-            return gap_we_left(&shard, sequence, expected, got);
+        .await;
+    if let Err(kaas_storage::StorageError::OutOfOrderSequence { got, expected, .. }) = &appended {
+        if let Some(code) = gap_answer(&shard, sequence, *expected, *got) {
+            return gap_refusal(&shard, code, *expected, *got);
         }
+    }
+    let outcome = match appended {
+        Ok(o) => o,
         Err(e) => {
             if matches!(e, kaas_storage::StorageError::Io { .. }) {
                 // Once per interval: a full or failing disk fails every append.
@@ -410,18 +410,11 @@ fn gap_answer(
     })
 }
 
-/// The answer for an idempotent batch whose sequence gap is a batch this broker refused
-/// unstored (see [`crate::refused`]): the refusal's retriable code, so that the client resends
-/// the refused batch first, instead of OUT_OF_ORDER_SEQUENCE_NUMBER, after which librdkafka
-/// bumps its producer epoch and renumbers (and may store twice) what it has in flight.
-fn gap_we_left(
-    shard: &Shard,
-    sequence: Option<(crate::refused::Key, i16, i32, i32)>,
-    expected: i32,
-    got: i32,
-) -> Appended {
-    let code =
-        gap_answer(shard, sequence, expected, got).unwrap_or(errors::OUT_OF_ORDER_SEQUENCE_NUMBER);
+/// The answer for an idempotent batch whose sequence gap a refusal left ([`gap_answer`]'s
+/// `code`): retriable, so that the client resends the refused batch first, instead of
+/// OUT_OF_ORDER_SEQUENCE_NUMBER, after which librdkafka bumps its producer epoch and renumbers
+/// (and may store twice) what it has in flight.
+fn gap_refusal(shard: &Shard, code: i16, expected: i32, got: i32) -> Appended {
     Appended::Done(PartResult {
         error_message: Some(format!(
             "sequence {got} does not follow {}: a batch before it was refused unstored by \
