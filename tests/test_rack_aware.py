@@ -18,6 +18,8 @@ from kcluster import logs_on_failure, make_cluster  # noqa: F401  (the fixture)
 RACKS = ["rack-a", "rack-b", "rack-c"]
 PARTITIONS = 24
 TOPIC = "racked"
+# id(consumer) -> (its group, bootstrap), for the failure diagnostics
+GROUP_OF: dict[int, tuple[str, str]] = {}
 
 
 def leader_racks(c) -> dict[int, str]:
@@ -38,6 +40,7 @@ def consumer(bootstrap: str, group: str, rack: str, classic: str | None = None):
         conf.update({"group.protocol": "consumer", "group.remote.assignor": "rack-aware"})
     c = Consumer(conf)
     c.subscribe([TOPIC])
+    GROUP_OF[id(c)] = (group, bootstrap)
     return (rack, c)
 
 
@@ -72,8 +75,10 @@ def owners(cs) -> dict[int, str]:
 
 
 def settle(cs, want, timeout: float, what: str, reads: Reads | None = None,
-           partitions: int = PARTITIONS):
-    """Polls every consumer until `want(owners)` has held for 3 s; returns the owners."""
+           partitions: int = PARTITIONS, leaders=None):
+    """Polls every consumer until `want(owners)` has held for 3 s; returns the owners. On a
+    time-out the message names the owners and, given `leaders` (a callable), the leader racks
+    they were judged against."""
     deadline = time.monotonic() + timeout
     since, last = None, None
     reads = reads or Reads()
@@ -87,7 +92,27 @@ def settle(cs, want, timeout: float, what: str, reads: Reads | None = None,
                 return now
         else:
             since, last = None, None
-    raise AssertionError(f"{what}: owners {owners(cs)}")
+    judged = f"; leader racks {leaders()}" if leaders else ""
+    raise AssertionError(f"{what}: owners {owners(cs)}{judged}; {group_view(cs)}")
+
+
+def group_view(cs) -> str:
+    """What the coordinator says of the group: each member's assignment and target (a target
+    that differs from what members own is a reconciliation in progress; one that equals it
+    while locality is low is a target that did not follow the leaders)."""
+    try:
+        from confluent_kafka.admin import AdminClient
+        group, bootstrap = GROUP_OF[id(cs[0][1])]
+        a = AdminClient({"bootstrap.servers": bootstrap})
+        (d,) = a.describe_consumer_groups([group]).values()
+        d = d.result(10)
+        def parts(x):
+            return sorted(tp.partition for tp in (x.topic_partitions if x else []))
+        return f"group {group} coordinator {d.coordinator.id} state {d.state} members " + ", ".join(
+            f"{m.client_id}:{m.host} owns {parts(m.assignment)} target {parts(m.target_assignment)}"
+            for m in d.members)
+    except Exception as e:  # noqa: BLE001 - a diagnostic must not hide the failure
+        return f"(could not describe the group: {e!r})"
 
 
 def local_share(own: dict[int, str], leaders: dict[int, str]) -> float:
@@ -150,7 +175,8 @@ def test_rack_aware_keeps_consumers_in_their_rack(make_cluster):
     cs = consumers(c.bootstrap(), "rack-balanced", ["rack-a", "rack-a", "rack-b", "rack-b",
                                                      "rack-c", "rack-c"])
     try:
-        own = settle(cs, full, 90, "every partition owned in its leader's rack", reads)
+        own = settle(cs, full, 90, "every partition owned in its leader's rack", reads,
+                     leaders=lambda: leader_racks(c))
         assert Counter(len(k.assignment()) for _, k in cs) == {4: 6}
         shares["2/2/2"] = local_share(own, leaders)
 
@@ -159,21 +185,26 @@ def test_rack_aware_keeps_consumers_in_their_rack(make_cluster):
         gone[1].close()
         settle(cs, lambda o: True, 60, "the rest take over", reads)
         cs.append(consumer(c.bootstrap(), "rack-balanced", "rack-b"))
-        own = settle(cs, full, 90, "locality back after a member left and one rejoined", reads)
+        own = settle(cs, full, 90, "locality back after a member left and one rejoined", reads,
+                     leaders=lambda: leader_racks(c))
         shares["after leave and rejoin"] = local_share(own, leader_racks(c))
 
         # A broker dies: its partitions get leaders in the other two racks.
         victim = c.nodes[2]
+        # The balancer may move leaders more than once (first off the dead broker, then to even
+        # the two survivors out), so locality is judged against the leaders of the moment, as
+        # `full` does: a snapshot taken after the first move made this fail in CI although the
+        # group had followed the second (seen 2026-12-02).
         victim.kill()
-        c.wait_settled(PARTITIONS)
-        moved = leader_racks(c)
-        assert "rack-c" not in moved.values(), moved
-        own = settle(cs, lambda o: sum(o[p] == moved[p] for p in o) >= 16, 90,
-                     "the target follows the moved leaders", reads)
-        shares["rack-c's broker down"] = local_share(own, moved)
+        c.wait_settled(PARTITIONS, balanced=True)
+        assert "rack-c" not in leader_racks(c).values(), leader_racks(c)
+        own = settle(cs, lambda o: local_share(o, leader_racks(c)) >= 16 / PARTITIONS, 90,
+                     "the target follows the moved leaders", reads, leaders=lambda: leader_racks(c))
+        shares["rack-c's broker down"] = local_share(own, leader_racks(c))
         victim.start()
         c.wait_settled(PARTITIONS, balanced=True, timeout=120)
-        own = settle(cs, full, 90, "locality back once rack-c's partitions returned", reads)
+        own = settle(cs, full, 90, "locality back once rack-c's partitions returned", reads,
+                     leaders=lambda: leader_racks(c))
         shares["rack-c's broker back"] = local_share(own, leader_racks(c))
 
         producer.stop()
