@@ -68,6 +68,9 @@ pub struct Shard {
     /// Idempotent batches refused before they were stored, whose gap explains the next
     /// batch's sequence (see [`crate::refused`]).
     pub refused: RefCell<crate::refused::RefusedSequences>,
+    /// Cluster mode: the leader claims this shard read to report leader epochs in Metadata
+    /// (see [`crate::leader_claim`]).
+    claims: crate::leader_claim::ClaimCache,
 }
 
 /// How many closed logs' outcomes [`Shard::kept_on_handover`] remembers. A write's answer
@@ -109,6 +112,7 @@ impl Shard {
             taken_epochs: RefCell::new(HashMap::new()),
             retired: RefCell::new(std::collections::VecDeque::new()),
             refused: RefCell::new(crate::refused::RefusedSequences::default()),
+            claims: crate::leader_claim::ClaimCache::default(),
         }
     }
 
@@ -126,6 +130,22 @@ impl Shard {
             .rev()
             .find(|(g, _)| *g == generation)
             .is_some_and(|(_, end)| end.is_some_and(|e| end_offset <= e))
+    }
+
+    /// The leader epoch clients should see for a partition `leader` leads (cluster mode):
+    /// this shard's own log's or take-over's epoch when it leads the partition, and otherwise
+    /// the leader's published claim (see [`crate::leader_claim`]); -1 when not known.
+    pub fn reported_leader_epoch(&self, topic: &TopicMeta, partition: i32, leader: i32) -> i32 {
+        if leader == self.cluster.me() && self.owner_of(&topic.name, partition) == self.id {
+            if let Some(log) = self.open_partition(topic.id, partition) {
+                return log.leader_epoch().0;
+            }
+            if let Some((epoch, _)) = self.taken_epochs.borrow().get(&(topic.id, partition)) {
+                return *epoch;
+            }
+        }
+        let dir = topic.partition_dir(&self.config.data_dir, partition);
+        self.claims.epoch(topic.id, partition, leader, &dir)
     }
 
     /// Cluster mode: whether this broker took `partition` over less than `window` ago.
@@ -187,6 +207,17 @@ impl Shard {
             (topic.id, partition),
             (log.leader_epoch().0, std::time::Instant::now()),
         );
+        // Before serving, so that no client learns of this leadership (Metadata names the
+        // leader from the assignment) from a broker that would report another epoch for it.
+        let claim = crate::leader_claim::LeaderClaim {
+            broker: self.cluster.me(),
+            epoch: log.leader_epoch().0,
+        };
+        if let Err(e) = crate::leader_claim::publish(&dir, claim) {
+            // Not fatal: the other brokers then report the epoch as unknown (-1), as clients
+            // allow; this broker reports it from the log.
+            tracing::warn!(topic = topic_name, partition, dir = %dir.display(), error = %e, "could not publish the leader epoch claim; other brokers will report the epoch as unknown");
+        }
         // Many take-overs at once open their logs together, before any of them is idle: make
         // room now that this one is open (it reopens on its first use if it is closed).
         drop(log);

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use kaas_wire::fetch_frame::{FetchPartitionOut, FetchResponseOut, FetchTopicOut};
 use kaas_wire::kafka_protocol::messages::FetchRequest;
 
-use super::per_partition;
+use super::{check_epoch, per_partition};
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
@@ -42,6 +42,8 @@ struct Wanted {
     error: i16,
     fetch_offset: i64,
     max_bytes: usize,
+    /// The leader epoch the client believes current (-1: not sent, before v9, or unknown).
+    current_leader_epoch: i32,
 }
 
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
@@ -101,6 +103,7 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
                 error,
                 fetch_offset: p.fetch_offset,
                 max_bytes: (p.partition_max_bytes.max(0) as usize).min(share),
+                current_leader_epoch: p.current_leader_epoch,
             });
         }
     }
@@ -164,7 +167,13 @@ async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted]) -> Vec<PartRead> {
                 slots.push(i);
                 items.push((
                     shard.owner_of(&m.name, w.partition),
-                    (m.clone(), w.partition, w.fetch_offset, w.max_bytes),
+                    (
+                        m.clone(),
+                        w.partition,
+                        w.fetch_offset,
+                        w.max_bytes,
+                        w.current_leader_epoch,
+                    ),
                 ));
                 out.push(PartRead::error(errors::NONE));
             }
@@ -174,7 +183,9 @@ async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted]) -> Vec<PartRead> {
     let results = per_partition(
         shard,
         items,
-        |s, (meta, partition, offset, max)| read_partition(s, meta, partition, offset, max),
+        |s, (meta, partition, offset, max, current)| {
+            read_partition(s, meta, partition, offset, max, current)
+        },
         PartRead::error(errors::NOT_LEADER_OR_FOLLOWER),
     )
     .await;
@@ -191,11 +202,21 @@ async fn read_partition(
     partition: i32,
     offset: i64,
     max_bytes: usize,
+    current_leader_epoch: i32,
 ) -> PartRead {
     let log = match shard.partition(&meta, partition).await {
         Ok(l) => l,
         Err(e) => return PartRead::error(errors::storage(&e)),
     };
+    // Cluster mode fences a fetch from an older leadership, as Kafka does: the client then
+    // refreshes its metadata and validates its position (OffsetForLeaderEpoch) before reading
+    // on, instead of reading across a leader change it has not checked. A single node's epoch
+    // never changes while it runs, so there is nothing to fence there.
+    if shard.cluster.enabled() {
+        if let Err(code) = check_epoch(current_leader_epoch, log.leader_epoch().0) {
+            return PartRead::error(code);
+        }
+    }
     match log.read_visible(offset, max_bytes.max(1)).await {
         Ok(r) => PartRead {
             error_code: errors::NONE,

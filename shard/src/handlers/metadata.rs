@@ -142,21 +142,21 @@ fn leadership(shard: &Shard, t: &TopicMeta, partition: i32) -> (BrokerId, i32, i
     }
 }
 
-/// The leader epoch a client should see. An open log on this shard knows its exact epoch;
-/// single-node partitions not opened yet are at 0. In cluster mode the epoch of a partition
-/// led elsewhere is not known here, and -1 ("unknown") makes clients skip epoch checks rather
-/// than trip on a guess.
+/// The leader epoch a client should see. In cluster mode every broker reports the epoch the
+/// leader took the partition over at, as Kafka's brokers do (see `kaas_shard::leader_claim`:
+/// an epoch that differed by the broker asked made librdkafka see false truncations). In
+/// single-node mode an open log on this shard knows its exact epoch, and partitions not
+/// opened yet are at 0.
 fn leader_epoch(shard: &Shard, t: &TopicMeta, partition: i32, leader: i32) -> i32 {
+    if shard.cluster.enabled() {
+        return shard.reported_leader_epoch(t, partition, leader);
+    }
     if shard.owner_of(&t.name, partition) == shard.id {
         if let Some(log) = shard.open_partition(t.id, partition) {
             return log.leader_epoch().0;
         }
     }
-    if shard.cluster.enabled() && leader != shard.cluster.me() {
-        -1
-    } else {
-        0
-    }
+    0
 }
 
 pub fn describe_cluster(shard: &Rc<Shard>, req: DescribeClusterRequest) -> DescribeClusterResponse {

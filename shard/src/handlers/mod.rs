@@ -196,6 +196,19 @@ pub async fn handle(
 }
 
 /// The client id from a request header ("" when absent), for group members' descriptions.
+/// Checks a client's `current_leader_epoch` against ours, as Kafka's `Partition` does: an
+/// older epoch is FENCED_LEADER_EPOCH (the client refreshes its metadata and validates its
+/// position), a newer one UNKNOWN_LEADER_EPOCH (this broker is behind), and -1 skips the check.
+pub(crate) fn check_epoch(current: i32, ours: i32) -> Result<(), i16> {
+    if current < 0 || current == ours {
+        Ok(())
+    } else if current < ours {
+        Err(errors::FENCED_LEADER_EPOCH)
+    } else {
+        Err(errors::UNKNOWN_LEADER_EPOCH)
+    }
+}
+
 fn client_id_of(header: &kaas_wire::kafka_protocol::messages::RequestHeader) -> String {
     header
         .client_id

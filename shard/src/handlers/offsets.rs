@@ -14,6 +14,7 @@ use kaas_wire::kafka_protocol::messages::{
     OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ProducerId,
 };
 
+use super::check_epoch;
 use super::per_topic_partition;
 use crate::catalog::TopicMeta;
 use crate::errors;
@@ -95,17 +96,6 @@ pub async fn list_offsets(
         })
         .collect();
     ListOffsetsResponse::default().with_topics(topics)
-}
-
-/// Checks a client's `current_leader_epoch` against ours, as Kafka does (-1 skips the check).
-fn check_epoch(current: i32, ours: i32) -> Result<(), i16> {
-    if current < 0 || current == ours {
-        Ok(())
-    } else if current < ours {
-        Err(errors::FENCED_LEADER_EPOCH)
-    } else {
-        Err(errors::UNKNOWN_LEADER_EPOCH)
-    }
 }
 
 async fn lookup(
