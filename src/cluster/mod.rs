@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kaas_control::assignment::{
-    assignment_chain, diff, Assignment, AssignmentWatcher, Health, DEFAULT_POLL_INTERVAL,
+    assignment_chain, diff, Assignment, AssignmentWatcher, DEFAULT_POLL_INTERVAL,
 };
 use kaas_control::balancer::{BrokerId, TopicPartition};
 use kaas_control::election::ElectionConfig;
@@ -46,6 +46,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 mod controller;
+mod drain;
 
 use controller::controller_loop;
 
@@ -116,32 +117,27 @@ pub struct ClusterHandle {
     pub assignment: watch::Receiver<Option<Arc<Assignment>>>,
     /// The election as this broker sees it.
     pub leadership: watch::Receiver<Leadership>,
+    /// The shared data directory, where draining brokers leave their markers.
+    data_dir: PathBuf,
 }
 
 impl ClusterHandle {
     /// Waits (at most `timeout`) until the accepted assignment gives this broker no partition,
-    /// holds none in handover from it, and it serves none — or no other broker is alive to
-    /// take them.
+    /// holds none in handover from it, and it serves none — or no other broker is left to
+    /// take them (see [`drain::may_stop`]).
     pub async fn drained(&mut self, me: i32, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            let done = {
-                let status = self.status.borrow();
-                let assignment = self.assignment.borrow();
-                let others_alive = assignment.as_ref().is_some_and(|a| {
-                    a.brokers
-                        .iter()
-                        .any(|b| b.id.0 != me && b.health == Health::Alive)
-                });
-                // Also wait until the controller has seen our confirmation and given the
-                // partitions to their new leaders: exiting earlier would leave them pending
-                // until our silence passes the fence bound.
-                let assigned = assignment.as_ref().is_some_and(|a| {
-                    a.led_by(BrokerId(me)).next().is_some()
-                        || a.pending.iter().any(|m| m.from.0 == me)
-                });
-                status.partitions.is_empty() && !assigned || !others_alive
-            };
+            let dir = self.data_dir.clone();
+            let draining = tokio::task::spawn_blocking(move || drain::draining(&dir))
+                .await
+                .unwrap_or_default();
+            let done = drain::may_stop(
+                self.assignment.borrow().as_deref(),
+                me,
+                self.status.borrow().partitions.is_empty(),
+                &draining,
+            );
             if done {
                 return true;
             }
@@ -156,9 +152,18 @@ impl ClusterHandle {
 }
 
 /// Starts cluster mode on the current (control thread) runtime.
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<ClusterHandle> {
     let config = Arc::new(config);
     let shards = Arc::new(shards);
+    // Before anything else: a marker left by an earlier drain of this broker would let the
+    // others stop as if it could not take their partitions.
+    drain::unmark(&config.data_dir, config.broker_id).with_context(|| {
+        format!(
+            "removing this broker's drain marker in {}",
+            config.data_dir.join("__cluster/draining").display()
+        )
+    })?;
     let (drain_tx, drain_rx) = watch::channel(false);
     let leadership = match config.lease {
         LeaseKind::File => {
@@ -278,11 +283,17 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         let status_tx = status_tx.clone();
         let mut drain = drain_rx.clone();
         let view = shards.view.clone();
+        let (data_dir, me) = (config.data_dir.clone(), config.broker_id);
         tokio::spawn(async move {
             while drain.changed().await.is_ok() {
                 if *drain.borrow() {
                     view.set_draining();
                     status_tx.send_modify(|s| s.draining = true);
+                    let marked =
+                        tokio::task::spawn_blocking(move || drain::mark(&data_dir, me)).await;
+                    if let Ok(Err(e)) = marked {
+                        tracing::warn!(error = %e, "could not leave a drain marker; if every broker stops at once, this one waits the drain timeout");
+                    }
                     return;
                 }
             }
@@ -309,6 +320,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         status: status_rx,
         assignment: assignment_rx,
         leadership,
+        data_dir: config.data_dir.clone(),
     })
 }
 
