@@ -16,7 +16,7 @@
 //!
 //! The levels are combined into one cost with multipliers large enough that a lower level never
 //! outweighs a higher one, so a single min-cost flow solves all four exactly (the brute-force
-//! test in `groups/tests/assignors.rs` checks this on small groups).
+//! test in `groups/tests/assignors_rack_aware.rs` checks this on small groups).
 //!
 //! Balancing per topic rather than only per member total costs some rack affinity when a whole
 //! topic lives in one rack; we take that trade because partitions of a topic are normally spread

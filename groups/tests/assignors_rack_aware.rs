@@ -1,141 +1,38 @@
-//! Tests of the KIP-848 server-side assignors (`uniform`, `range`, `rack-aware`) as pure
-//! functions: hand-written scenarios, property tests over random groups, and a brute-force check
-//! that `rack-aware` finds the cheapest balanced assignment on small groups.
+//! Tests of the KIP-848 server-side assignor `rack-aware` as a pure function, and of the
+//! balanced planner it shares with `uniform`: hand-written scenarios, property tests over random
+//! groups, a brute-force check that both find the cheapest balanced assignment on small groups,
+//! and a timing test. `uniform`'s and `range`'s own scenarios are in `assignors_uniform_range.rs`.
 //!
 //! Every check here recomputes what it needs (ownership, cross-rack reads, moves, balance) from
-//! the inputs rather than trusting the assignor module's own helpers.
+//! the inputs rather than trusting the assignor module's own helpers (see `common/mod.rs`).
 //!
 //! The property tests use a small seeded generator rather than proptest (they were written when
 //! the assignors lived in a crate without it); each failure names its seed and prints its
 //! input, and `ASSIGNOR_SEED` / `ASSIGNOR_CASES` rerun one case or run more.
+//!
+//! The timing test is ignored by default; run it with
+//! `cargo test --release -p kaas-groups --test assignors_rack_aware -- --ignored --nocapture`.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Debug;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+mod common;
+
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kaas_groups::assignor::{
-    assignment_stats, by_name, GroupAssignment, MemberSpec, RackAwareAssignor, RackAwareWeights,
-    RangeAssignor, ServerAssignor, TopicSpec, UniformAssignor, ASSIGNOR_NAMES, DEFAULT_ASSIGNOR,
+use common::{
+    assert_topic_balanced, assert_totals_within_one, assert_valid, check, count_in, measure,
+    member, no_racks, parts, rack_aware, random_group, topic, topic_map, total_of, uniform,
+    with_current, Group, Measure, Rng, Subscriptions, RACKS,
 };
-
-// ---------------------------------------------------------------------------------------------
-// Building groups
-
-fn member(id: &str, rack: Option<&str>, topics: &[&str]) -> MemberSpec {
-    MemberSpec {
-        member_id: id.to_string(),
-        rack: rack.map(str::to_string),
-        subscribed_topics: topics.iter().map(|t| t.to_string()).collect(),
-        current: BTreeMap::new(),
-    }
-}
-
-/// A topic whose partition `p` is served from the racks `racks(p)` returns.
-fn topic(name: &str, partitions: i32, racks: impl Fn(i32) -> Vec<&'static str>) -> TopicSpec {
-    TopicSpec {
-        name: name.to_string(),
-        partitions,
-        partition_racks: (0..partitions)
-            .map(|p| racks(p).into_iter().map(str::to_string).collect())
-            .collect(),
-    }
-}
-
-fn no_racks(_: i32) -> Vec<&'static str> {
-    Vec::new()
-}
-
-fn topic_map(list: Vec<TopicSpec>) -> BTreeMap<String, TopicSpec> {
-    list.into_iter().map(|t| (t.name.clone(), t)).collect()
-}
-
-/// Members as they look on the next heartbeat: each one's current assignment is `assignment`.
-fn with_current(members: &[MemberSpec], assignment: &GroupAssignment) -> Vec<MemberSpec> {
-    members
-        .iter()
-        .map(|m| MemberSpec {
-            current: assignment.get(&m.member_id).cloned().unwrap_or_default(),
-            ..m.clone()
-        })
-        .collect()
-}
-
-fn parts(list: &[i32]) -> BTreeSet<i32> {
-    list.iter().copied().collect()
-}
-
-fn uniform() -> Box<dyn ServerAssignor> {
-    Box::new(UniformAssignor)
-}
-
-fn rack_aware(traffic: u32, overlap: u32) -> Box<dyn ServerAssignor> {
-    Box::new(RackAwareAssignor {
-        weights: RackAwareWeights { traffic, overlap },
-    })
-}
+use kaas_groups::assignor::{
+    assignment_stats, GroupAssignment, MemberSpec, RackAwareWeights, RangeAssignor, ServerAssignor,
+    TopicSpec, UniformAssignor,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Reference measurements, computed from the inputs alone
 
-/// The member that owns a partition now: among members still subscribed to the topic and
-/// claiming it, the smallest id.
-fn owner_of<'a>(members: &'a [MemberSpec], topic: &str, p: i32) -> Option<&'a str> {
-    members
-        .iter()
-        .filter(|m| m.subscribed_topics.contains(topic))
-        .filter(|m| m.current.get(topic).is_some_and(|ps| ps.contains(&p)))
-        .map(|m| m.member_id.as_str())
-        .min()
-}
-
-fn reads_across_racks(m: &MemberSpec, t: &TopicSpec, p: i32) -> bool {
-    let racks = t.partition_racks.get(p as usize);
-    match (&m.rack, racks) {
-        (Some(r), Some(rs)) => !rs.is_empty() && !rs.contains(r),
-        _ => false,
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Measure {
-    cross_rack: usize,
-    moved: usize,
-}
-
-fn measure(
-    members: &[MemberSpec],
-    topics: &BTreeMap<String, TopicSpec>,
-    a: &GroupAssignment,
-) -> Measure {
-    let mut out = Measure {
-        cross_rack: 0,
-        moved: 0,
-    };
-    for (id, owned) in a {
-        let m = members.iter().find(|m| &m.member_id == id).unwrap();
-        for (t, ps) in owned {
-            for &p in ps {
-                out.cross_rack += usize::from(reads_across_racks(m, &topics[t], p));
-                out.moved += usize::from(owner_of(members, t, p).is_some_and(|o| o != id));
-            }
-        }
-    }
-    out
-}
-
 fn weighted_cost(w: RackAwareWeights, m: Measure) -> u64 {
     u64::from(w.traffic) * m.cross_rack as u64 + u64::from(w.overlap) * m.moved as u64
-}
-
-fn total_of(a: &GroupAssignment, id: &str) -> usize {
-    a.get(id).map_or(0, |t| t.values().map(BTreeSet::len).sum())
-}
-
-fn count_in(a: &GroupAssignment, id: &str, topic: &str) -> usize {
-    a.get(id)
-        .and_then(|t| t.get(topic))
-        .map_or(0, BTreeSet::len)
 }
 
 fn sum_of_squares(members: &[MemberSpec], a: &GroupAssignment) -> usize {
@@ -143,62 +40,6 @@ fn sum_of_squares(members: &[MemberSpec], a: &GroupAssignment) -> usize {
         .iter()
         .map(|m| total_of(a, &m.member_id).pow(2))
         .sum()
-}
-
-/// Every subscribed partition assigned exactly once, to a member subscribed to its topic;
-/// nothing else assigned; every member present in the result.
-fn assert_valid(members: &[MemberSpec], topics: &BTreeMap<String, TopicSpec>, a: &GroupAssignment) {
-    let ids: BTreeSet<&str> = members.iter().map(|m| m.member_id.as_str()).collect();
-    let keys: BTreeSet<&str> = a.keys().map(String::as_str).collect();
-    assert_eq!(ids, keys, "every member, and only members, in the result");
-    let mut seen: BTreeMap<(&str, i32), &str> = BTreeMap::new();
-    for (id, owned) in a {
-        let m = members.iter().find(|m| &m.member_id == id).unwrap();
-        for (t, ps) in owned {
-            assert!(m.subscribed_topics.contains(t), "{id} got unsubscribed {t}");
-            assert!(!ps.is_empty(), "no empty topic entries");
-            for &p in ps {
-                assert!(
-                    (0..topics[t].partitions).contains(&p),
-                    "{t}-{p} does not exist"
-                );
-                if let Some(other) = seen.insert((t.as_str(), p), id) {
-                    panic!("{t}-{p} assigned to both {other} and {id}");
-                }
-            }
-        }
-    }
-    for (t, spec) in topics {
-        if members.iter().any(|m| m.subscribed_topics.contains(t)) {
-            for p in 0..spec.partitions {
-                assert!(seen.contains_key(&(t.as_str(), p)), "{t}-{p} unassigned");
-            }
-        }
-    }
-}
-
-/// Each topic's partitions are spread within one over the members subscribed to it.
-fn assert_topic_balanced(
-    members: &[MemberSpec],
-    topics: &BTreeMap<String, TopicSpec>,
-    a: &GroupAssignment,
-) {
-    for t in topics.keys() {
-        let counts: Vec<usize> = members
-            .iter()
-            .filter(|m| m.subscribed_topics.contains(t))
-            .map(|m| count_in(a, &m.member_id, t))
-            .collect();
-        if let (Some(lo), Some(hi)) = (counts.iter().min(), counts.iter().max()) {
-            assert!(hi - lo <= 1, "{t} spread {counts:?}");
-        }
-    }
-}
-
-fn assert_totals_within_one(members: &[MemberSpec], a: &GroupAssignment) {
-    let totals: Vec<usize> = members.iter().map(|m| total_of(a, &m.member_id)).collect();
-    let (lo, hi) = (totals.iter().min().unwrap(), totals.iter().max().unwrap());
-    assert!(hi - lo <= 1, "totals {totals:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,359 +114,11 @@ fn balanced_assignments(
 // ---------------------------------------------------------------------------------------------
 // Random groups for property tests
 
-/// SplitMix64: tiny, deterministic, good enough to spread test cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    fn flip(&mut self) -> bool {
-        self.next() & 1 == 1
-    }
-}
-
-/// Cases per property unless `ASSIGNOR_CASES` says otherwise.
-const CASES: u64 = 128;
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// Checks `property` on inputs drawn by `generate`, one seed per case; a failure reports the
-/// seed (rerun it alone with `ASSIGNOR_SEED=<seed> ASSIGNOR_CASES=1`) and the input.
-fn check<T: Debug>(generate: impl Fn(&mut Rng) -> T, property: impl Fn(&T)) {
-    let first = env_u64("ASSIGNOR_SEED").unwrap_or(0);
-    for seed in first..first + env_u64("ASSIGNOR_CASES").unwrap_or(CASES) {
-        // Mix the seed so neighbouring seeds give unrelated cases.
-        let input = generate(&mut Rng(seed.wrapping_mul(0xD6E8_FEB8_6659_FD93)));
-        if catch_unwind(AssertUnwindSafe(|| property(&input))).is_err() {
-            panic!("property failed for ASSIGNOR_SEED={seed} on input {input:#?}");
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Group {
-    members: Vec<MemberSpec>,
-    topics: BTreeMap<String, TopicSpec>,
-}
-
-const RACKS: [&str; 3] = ["a", "b", "c"];
-
-/// Whether every member of a random group subscribes to the same topics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Subscriptions {
-    Equal,
-    /// Equal or differing, chosen at random.
-    Either,
-}
-
-/// A random group: up to `max_members` members (rack a/b/c or none), up to `max_topics` topics
-/// of up to `max_partitions` partitions (each served from a random subset of racks, possibly
-/// none), subscriptions as `subscriptions` says, and a random current ownership
-/// that includes unowned partitions, partitions claimed twice, claims on topics the member no
-/// longer subscribes to, and claims on partitions that no longer exist.
-fn random_group(
-    rng: &mut Rng,
-    max_members: usize,
-    max_topics: usize,
-    max_partitions: usize,
-    subscriptions: Subscriptions,
-) -> Group {
-    let equal = match subscriptions {
-        Subscriptions::Equal => true,
-        Subscriptions::Either => rng.flip(),
-    };
-    let nm = rng.range(1, max_members);
-    let nt = rng.range(1, max_topics);
-    // Ids deliberately not in creation order, so sorting by id matters.
-    let mut members: Vec<MemberSpec> = (0..nm)
-        .map(|i| {
-            let rack = rng.range(0, 3);
-            let mask = if equal {
-                (1 << nt) - 1
-            } else {
-                rng.range(1, (1 << nt) - 1)
-            };
-            MemberSpec {
-                member_id: format!("m{}", (i * 7 + 3) % 11),
-                rack: (rack > 0).then(|| RACKS[rack - 1].to_string()),
-                subscribed_topics: (0..nt)
-                    .filter(|t| mask & (1 << t) != 0)
-                    .map(|t| format!("t{t}"))
-                    .collect(),
-                current: BTreeMap::new(),
-            }
-        })
-        .collect();
-    let mut topics = BTreeMap::new();
-    for t in 0..nt {
-        let name = format!("t{t}");
-        let count = rng.range(0, max_partitions);
-        for p in 0..count {
-            let claimants = match rng.range(0, nm + 1) {
-                o if o < nm => vec![o],
-                o if o == nm => vec![],
-                _ => vec![0, nm - 1],
-            };
-            for c in claimants {
-                let owned = members[c].current.entry(name.clone()).or_default();
-                owned.insert(p as i32);
-            }
-        }
-        for m in members.iter_mut() {
-            if rng.range(0, 3) == 0 {
-                let stale = m.current.entry(name.clone()).or_default();
-                stale.insert(count as i32 + 3);
-            }
-        }
-        let partition_racks = (0..count)
-            .map(|_| {
-                let mask = rng.range(0, 7);
-                (0..3)
-                    .filter(|r| mask & (1 << r) != 0)
-                    .map(|r| RACKS[r].to_string())
-                    .collect()
-            })
-            .collect();
-        let spec = TopicSpec {
-            name: name.clone(),
-            partitions: count as i32,
-            partition_racks,
-        };
-        topics.insert(name, spec);
-    }
-    Group { members, topics }
-}
-
 fn random_weights(rng: &mut Rng) -> RackAwareWeights {
     RackAwareWeights {
         traffic: rng.range(0, 29) as u32,
         overlap: rng.range(0, 5) as u32,
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Lookup
-
-// Proves the three assignors are found by their KIP-848 names and uniform is the default.
-#[test]
-fn by_name_finds_the_three_assignors() {
-    let w = RackAwareWeights::default();
-    for name in ASSIGNOR_NAMES {
-        assert_eq!(by_name(name, w).unwrap().name(), name);
-    }
-    assert_eq!(ASSIGNOR_NAMES, ["uniform", "range", "rack-aware"]);
-    assert_eq!(DEFAULT_ASSIGNOR, "uniform");
-    assert!(by_name("sticky", w).is_none());
-    assert!(by_name("Uniform", w).is_none());
-}
-
-// Proves an empty group, or one with no existing subscribed topics, gets empty assignments.
-#[test]
-fn empty_inputs_give_empty_assignments() {
-    let topics = topic_map(vec![topic("t", 4, no_racks)]);
-    for a in [uniform(), Box::new(RangeAssignor), rack_aware(10, 1)] {
-        assert!(a.assign(&[], &topics).is_empty());
-        let members = vec![member("m1", Some("a"), &["missing"])];
-        let out = a.assign(&members, &topics);
-        assert_eq!(out, BTreeMap::from([("m1".to_string(), BTreeMap::new())]));
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Range
-
-// Proves range matches Kafka's documented example: contiguous ranges, first member gets extras.
-#[test]
-fn range_matches_kafkas_example() {
-    let topics = topic_map(vec![topic("t0", 3, no_racks), topic("t1", 3, no_racks)]);
-    let members = vec![
-        member("c1", None, &["t0", "t1"]),
-        member("c0", None, &["t0", "t1"]),
-    ];
-    let a = RangeAssignor.assign(&members, &topics);
-    assert_eq!(a["c0"]["t0"], parts(&[0, 1]));
-    assert_eq!(a["c0"]["t1"], parts(&[0, 1]));
-    assert_eq!(a["c1"]["t0"], parts(&[2]));
-    assert_eq!(a["c1"]["t1"], parts(&[2]));
-}
-
-// Proves range splits each topic only among that topic's subscribers, in member-id order.
-#[test]
-fn range_splits_each_topic_among_its_subscribers() {
-    let topics = topic_map(vec![topic("x", 5, no_racks), topic("y", 2, no_racks)]);
-    let members = vec![
-        member("a", None, &["x"]),
-        member("b", None, &["x", "y"]),
-        member("c", None, &["y"]),
-    ];
-    let a = RangeAssignor.assign(&members, &topics);
-    assert_eq!(a["a"]["x"], parts(&[0, 1, 2]));
-    assert_eq!(a["b"]["x"], parts(&[3, 4]));
-    assert_eq!(a["b"]["y"], parts(&[0]));
-    assert_eq!(a["c"]["y"], parts(&[1]));
-}
-
-// Proves range is Kafka's range: contiguous in id order, extras first, co-partitioned.
-#[test]
-fn range_is_kafkas_range() {
-    check(
-        |rng| random_group(rng, 6, 3, 12, Subscriptions::Either),
-        |g| {
-            let a = RangeAssignor.assign(&g.members, &g.topics);
-            assert_valid(&g.members, &g.topics, &a);
-            assert_topic_balanced(&g.members, &g.topics, &a);
-            for (t, spec) in &g.topics {
-                let mut subs: Vec<&str> = g
-                    .members
-                    .iter()
-                    .filter(|m| m.subscribed_topics.contains(t))
-                    .map(|m| m.member_id.as_str())
-                    .collect();
-                subs.sort();
-                let mut next = 0;
-                for (i, id) in subs.iter().enumerate() {
-                    let n = spec.partitions as usize / subs.len()
-                        + usize::from(i < spec.partitions as usize % subs.len());
-                    let expect: BTreeSet<i32> = (next..next + n as i32).collect();
-                    assert_eq!(a[*id].get(t).cloned().unwrap_or_default(), expect);
-                    next += n as i32;
-                }
-            }
-            for (t, ts) in &g.topics {
-                for (u, us) in &g.topics {
-                    let same_subs = g.members.iter().all(|m| {
-                        m.subscribed_topics.contains(t) == m.subscribed_topics.contains(u)
-                    });
-                    if t < u && ts.partitions == us.partitions && same_subs {
-                        for owned in a.values() {
-                            assert_eq!(owned.get(t), owned.get(u), "{t} and {u} co-partitioned");
-                        }
-                    }
-                }
-            }
-        },
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
-// Uniform
-
-// Proves a fresh group gets every partition once with counts within one.
-#[test]
-fn uniform_spreads_a_fresh_group_evenly() {
-    let topics = topic_map(vec![topic("t", 10, no_racks)]);
-    let members = vec![
-        member("m1", None, &["t"]),
-        member("m2", None, &["t"]),
-        member("m3", None, &["t"]),
-    ];
-    let a = UniformAssignor.assign(&members, &topics);
-    assert_valid(&members, &topics, &a);
-    let mut counts: Vec<usize> = members.iter().map(|m| total_of(&a, &m.member_id)).collect();
-    counts.sort();
-    assert_eq!(counts, vec![3, 3, 4]);
-}
-
-// Proves a member joining takes only its fair share, and only from members above theirs.
-#[test]
-fn uniform_join_moves_only_what_balance_needs() {
-    let topics = topic_map(vec![topic("t", 10, no_racks)]);
-    let two = vec![member("m1", None, &["t"]), member("m2", None, &["t"])];
-    let before = UniformAssignor.assign(&two, &topics);
-    let mut three = with_current(&two, &before);
-    three.push(member("m3", None, &["t"]));
-    let after = UniformAssignor.assign(&three, &topics);
-    assert_valid(&three, &topics, &after);
-    assert_totals_within_one(&three, &after);
-    assert_eq!(measure(&three, &topics, &after).moved, 3);
-    for id in ["m1", "m2"] {
-        assert!(
-            after[id]["t"].is_subset(&before[id]["t"]),
-            "{id} only loses"
-        );
-    }
-}
-
-// Proves a member leaving hands out only its own partitions; the others keep all of theirs.
-#[test]
-fn uniform_leave_moves_only_the_leavers_partitions() {
-    let topics = topic_map(vec![topic("t", 12, no_racks)]);
-    let four: Vec<MemberSpec> = (1..=4)
-        .map(|i| member(&format!("m{i}"), None, &["t"]))
-        .collect();
-    let before = UniformAssignor.assign(&four, &topics);
-    let three = with_current(&four[..3], &before);
-    let after = UniformAssignor.assign(&three, &topics);
-    assert_valid(&three, &topics, &after);
-    assert_totals_within_one(&three, &after);
-    for m in &three {
-        assert!(before[&m.member_id]["t"].is_subset(&after[&m.member_id]["t"]));
-    }
-}
-
-// Proves the same group gives the same answer, whatever the order of its members.
-#[test]
-fn uniform_is_deterministic_and_order_independent() {
-    let topics = topic_map(vec![topic("x", 7, no_racks), topic("y", 5, no_racks)]);
-    let members: Vec<MemberSpec> = (0..4)
-        .map(|i| member(&format!("m{i}"), None, &["x", "y"]))
-        .collect();
-    let a = UniformAssignor.assign(&members, &topics);
-    let mut reversed = members.clone();
-    reversed.reverse();
-    assert_eq!(a, UniformAssignor.assign(&reversed, &topics));
-    let again = with_current(&members, &a);
-    assert_eq!(a, UniformAssignor.assign(&again, &topics));
-    assert_topic_balanced(&members, &topics, &a);
-    assert_totals_within_one(&members, &a);
-}
-
-// Proves differing subscriptions balance each topic over its own subscribers.
-#[test]
-fn uniform_balances_each_topic_among_its_subscribers() {
-    let topics = topic_map(vec![topic("x", 4, no_racks), topic("y", 4, no_racks)]);
-    let members = vec![member("a", None, &["x"]), member("b", None, &["x", "y"])];
-    let a = UniformAssignor.assign(&members, &topics);
-    assert_valid(&members, &topics, &a);
-    assert_eq!(count_in(&a, "a", "x"), 2);
-    assert_eq!(count_in(&a, "b", "x"), 2);
-    assert_eq!(count_in(&a, "b", "y"), 4);
-}
-
-// Proves differing subscriptions hand topics' leftovers to the least-loaded members.
-#[test]
-fn uniform_hands_leftovers_to_the_least_loaded() {
-    // x: 3 over {a, b} (one leftover); y: 1 over {b, c}; z: 1 over {a, c}.
-    let topics = topic_map(vec![
-        topic("x", 3, no_racks),
-        topic("y", 1, no_racks),
-        topic("z", 1, no_racks),
-    ]);
-    let members = vec![
-        member("a", None, &["x", "z"]),
-        member("b", None, &["x", "y"]),
-        member("c", None, &["y", "z"]),
-    ];
-    let a = UniformAssignor.assign(&members, &topics);
-    assert_valid(&members, &topics, &a);
-    assert_topic_balanced(&members, &topics, &a);
-    // Totals 2/2/1 are the best possible: c can only take y and z.
-    let mut totals: Vec<usize> = ["a", "b", "c"].iter().map(|m| total_of(&a, m)).collect();
-    totals.sort();
-    assert_eq!(totals, vec![1, 2, 2]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -911,27 +404,6 @@ fn join_moves_only_what_balance_needs() {
     );
 }
 
-// Proves a join on one topic moves exactly the newcomer's floor(P / (M + 1)) partitions.
-#[test]
-fn join_moves_exactly_the_newcomers_floor_share() {
-    check(
-        |rng| (rng.range(0, 59) as i32, rng.range(1, 7)),
-        |&(partitions, m)| {
-            let topics = topic_map(vec![topic("t", partitions, no_racks)]);
-            let members: Vec<MemberSpec> = (0..m)
-                .map(|i| member(&format!("m{i}"), None, &["t"]))
-                .collect();
-            let before = UniformAssignor.assign(&members, &topics);
-            let mut joined = with_current(&members, &before);
-            joined.push(member("new", None, &["t"]));
-            let after = UniformAssignor.assign(&joined, &topics);
-            let share = partitions as usize / (m + 1);
-            assert_eq!(total_of(&after, "new"), share);
-            assert_eq!(measure(&joined, &topics, &after).moved, share);
-        },
-    );
-}
-
 // Proves rack-aware (and uniform) optimal on small groups against brute-force enumeration.
 #[test]
 fn rack_aware_matches_brute_force() {
@@ -1024,7 +496,7 @@ fn timed(assignor: &dyn ServerAssignor, g: &Group) -> (GroupAssignment, Duration
 #[ignore = "timing; run in release"]
 fn thousand_partitions_hundred_members_is_fast() {
     // Fresh, unchanged, after a join and after a leave, for several topic shapes. Run with
-    // `cargo test --release -p kaas-shard --test assignors -- --ignored --nocapture`.
+    // `cargo test --release -p kaas-groups --test assignors_rack_aware -- --ignored --nocapture`.
     let shapes = [
         (100, 1, 1000, false),
         (100, 10, 100, false),
