@@ -412,6 +412,26 @@ def test_librdkafka_group_leave_and_death(broker, protocol):
         g.close()
 
 
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_group_members_are_described_with_their_host(broker, protocol):
+    """DescribeGroups / ConsumerGroupDescribe name each member's host as Kafka does
+    (`/127.0.0.1`, what kafka-consumer-groups and UIs show), not `/unknown` as before."""
+    from confluent_kafka.admin import AdminClient
+    topic = unique_topic(f"host-{protocol}")
+    group = unique_topic(f"host-group-{protocol}")
+    create_topic(broker.bootstrap, topic, 2)
+    c = rd_consumer(broker.bootstrap, group, protocol)
+    try:
+        c.subscribe([topic])
+        wait_until(lambda: c.assignment(), 60, "the member's assignment", step=lambda: c.poll(0.1))
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        (f,) = admin.describe_consumer_groups([group]).values()
+        hosts = [m.host for m in f.result(15).members]
+        assert hosts == ["/127.0.0.1"], hosts
+    finally:
+        c.close()
+
+
 def test_bad_group_settings_stop_the_broker_with_a_reason(tmp_path):
     """The group settings are typed flags (env KAAS_GROUP_*): an unknown default assignor or an
     out-of-range timeout stops the broker at start and names the flag. Before, a bad

@@ -211,3 +211,66 @@ def test_console_producer_consumer(broker, tool):
     assert out.split() == [f"{topic}:0:{n}"], out
     _, out, _ = tool(GET_OFFSETS, *bs, "--topic", topic, "--time", "-2")
     assert out.split() == [f"{topic}:0:0"], out
+
+
+def test_readme_wrapper_runs_the_tools_by_their_script_names(broker, kafka_libs):
+    """The README's tool commands work as written through `scripts/kafka-tool.sh` (a newcomer
+    with only the fetched jars had no `kafka-topics.sh` to run): create, describe and
+    reconfigure a topic, and an unknown tool name is refused with exit 2 and the way to list
+    the names."""
+    from conftest import REPO
+    wrapper = str(REPO / "scripts" / "kafka-tool.sh")
+    topic = unique_topic("wrapped")
+
+    def run(*args, check=True):
+        r = subprocess.run([wrapper, *args], capture_output=True, text=True, timeout=180,
+                           stdin=subprocess.DEVNULL)
+        assert not check or r.returncode == 0, f"{args}: exit {r.returncode}\n{r.stderr[-2000:]}"
+        return r
+
+    run("kafka-topics.sh", "--bootstrap-server", broker.bootstrap, "--create", "--topic", topic,
+        "--partitions", "3")
+    out = run("kafka-topics", "--bootstrap-server", broker.bootstrap, "--describe",
+              "--topic", topic).stdout
+    assert re.search(rf"Topic:\s*{topic}\b.*PartitionCount:\s*3", out), out
+    run("configs", "--bootstrap-server", broker.bootstrap, "--alter", "--entity-type", "topics",
+        "--entity-name", topic, "--add-config", "retention.ms=3600000")
+    out = run("kafka-configs", "--bootstrap-server", broker.bootstrap, "--describe",
+              "--entity-type", "topics", "--entity-name", topic).stdout
+    assert "retention.ms=3600000" in out, out
+    bad = run("kafka-nonsense", check=False)
+    assert bad.returncode == 2 and "--list" in bad.stderr, (bad.returncode, bad.stderr)
+
+
+def test_kafka_log_dirs_reports_partition_sizes_and_the_volume(broker, kafka_libs):
+    """`kafka-log-dirs --describe` (DescribeLogDirs, refused as unsupported before) lists the
+    data directory with every partition of the topic, the sizes of those written to above
+    the bytes written and 0 for the empty one, and the volume's total and usable bytes."""
+    import json
+
+    from conftest import REPO
+    from confluent_kafka import Producer
+
+    from kcheck import create_topic
+    topic = unique_topic("logdirs")
+    create_topic(broker.bootstrap, topic, 3)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all",
+                  "compression.type": "none"})
+    for partition, n in ((0, 200), (1, 50)):
+        for _ in range(n):
+            p.produce(topic, b"x" * 1000, partition=partition)
+    assert p.flush(60) == 0
+    r = subprocess.run([str(REPO / "scripts" / "kafka-tool.sh"), "kafka-log-dirs",
+                        "--bootstrap-server", broker.bootstrap, "--describe", "--topic-list", topic],
+                       capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
+    (b,) = doc["brokers"]
+    (d,) = b["logDirs"]
+    assert d["error"] is None and d["logDir"], d
+    sizes = {p["partition"]: p["size"] for p in d["partitions"]}
+    assert set(sizes) == {f"{topic}-0", f"{topic}-1", f"{topic}-2"}, sizes
+    assert sizes[f"{topic}-0"] > 200 * 1000 and sizes[f"{topic}-1"] > 50 * 1000, sizes
+    assert sizes[f"{topic}-0"] > sizes[f"{topic}-1"] and sizes[f"{topic}-2"] == 0, sizes
+    if "totalBytes" in d:
+        assert d["totalBytes"] > d["usableBytes"] > 0, d

@@ -47,10 +47,12 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Serves one accepted connection; `_permit` is its admission slot, given back when it ends.
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".into());
+    let peer_addr = stream.peer_addr().ok();
+    let peer = peer_addr.map_or_else(|| "?".into(), |a| a.to_string());
+    // As Kafka names a group member's host (`/127.0.0.1`); tools show it in group descriptions.
+    let client_host: Rc<str> = peer_addr
+        .map_or_else(|| "/unknown".into(), |a| format!("/{}", a.ip()))
+        .into();
     let _ = stream.set_nodelay(true);
     shard.probe.connections_open.fetch_add(1, Ordering::Relaxed);
     shard
@@ -82,7 +84,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
         }
         let _ = writer.close().await;
     });
-    if let Err(reason) = read_loop(&shard, reader, &tx).await {
+    if let Err(reason) = read_loop(&shard, reader, &tx, &client_host).await {
         tracing::debug!(shard = shard.id, %peer, %reason, "closing connection");
     }
     drop(tx);
@@ -118,6 +120,7 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     shard: &Rc<Shard>,
     reader: R,
     tx: &local_channel::LocalSender<Task<Option<ResponseFrame>>>,
+    client_host: &Rc<str>,
 ) -> Result<(), Close> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     // Resolves when the previous request's effects are done (see the module docs). Reading
@@ -151,12 +154,13 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
             Ok(request) => {
                 shard.probe.count_request(request.api_key as i16);
                 let shard = shard.clone();
+                let client_host = client_host.clone();
                 let (gate, effects) = EffectGate::new();
                 previous_effects = Some(effects);
                 glommio::spawn_local(async move {
                     let started = Instant::now();
                     let api_key = request.api_key;
-                    let response = handlers::handle(&shard, request, gate).await;
+                    let response = handlers::handle(&shard, request, gate, &client_host).await;
                     if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Produce {
                         shard
                             .probe

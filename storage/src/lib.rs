@@ -77,6 +77,28 @@ pub fn stored_leader_epoch(dir: &std::path::Path) -> Result<i32, StorageError> {
     Ok(epoch)
 }
 
+/// The bytes of the segment files in a partition directory (0 when it does not exist): a
+/// partition's size for DescribeLogDirs when its log is not open. Blocking (one directory
+/// listing); a closed log's segments hold only data (preallocated space is trimmed at close).
+pub fn stored_log_bytes(dir: &std::path::Path) -> Result<u64, StorageError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(StorageError::io("listing", dir, e)),
+    };
+    Ok(entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(segment::parse_segment_file_name)
+                .is_some()
+        })
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum())
+}
+
 /// The positions (within the batch) of the records of a produced batch that have no key, which
 /// a compacted topic refuses (Kafka answers INVALID_RECORD and names them in `record_errors`).
 /// A compressed batch is decompressed into `scratch`; control batches need no keys; `None`

@@ -26,6 +26,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeTopicPartitions, 0, 0),
+    // kafka-log-dirs and UIs: one log directory, partition sizes, the volume's bytes (v4).
+    (ApiKey::DescribeLogDirs, 1, 4),
     // The group coordinator (groups/, shard/src/groups). OffsetCommit and OffsetFetch start where
     // Kafka 4 does (v0/v1 were removed); FindCoordinator v4+ is the batched form.
     (ApiKey::FindCoordinator, 0, 6),
@@ -107,6 +109,7 @@ mod tests {
                 ApiKey::DescribeTopicPartitions => {
                     within::<DescribeTopicPartitionsRequest>(*lo, *hi)
                 }
+                ApiKey::DescribeLogDirs => within::<DescribeLogDirsRequest>(*lo, *hi),
                 ApiKey::FindCoordinator => within::<FindCoordinatorRequest>(*lo, *hi),
                 ApiKey::JoinGroup => within::<JoinGroupRequest>(*lo, *hi),
                 ApiKey::SyncGroup => within::<SyncGroupRequest>(*lo, *hi),

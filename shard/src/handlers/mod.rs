@@ -6,6 +6,7 @@ mod admin;
 mod configs;
 mod fetch;
 mod groups;
+mod log_dirs;
 mod metadata;
 mod offsets;
 mod produce;
@@ -78,10 +79,13 @@ impl EffectGate {
 /// Serves one request and encodes its response; `None` when no response is due (acks=0).
 /// `gate` is released once the request's effects are done (at the latest when this returns).
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
+/// `client_host` is the connection's peer as Kafka names it in group descriptions
+/// (`/127.0.0.1`).
 pub async fn handle(
     shard: &Rc<Shard>,
     request: Request,
     gate: EffectGate,
+    client_host: &str,
 ) -> Option<ResponseFrame> {
     let version = request.version();
     let correlation_id = request.correlation_id();
@@ -128,6 +132,9 @@ pub async fn handle(
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(admin::delete_records(shard, r).await)
         }
+        RequestKind::DescribeLogDirs(r) => {
+            ResponseKind::DescribeLogDirs(log_dirs::describe_log_dirs(shard, r).await)
+        }
         RequestKind::DescribeConfigs(r) => {
             ResponseKind::DescribeConfigs(configs::describe_configs(shard, r))
         }
@@ -142,7 +149,8 @@ pub async fn handle(
         }
         RequestKind::JoinGroup(r) => {
             let client_id = client_id_of(&request.header);
-            ResponseKind::JoinGroup(groups::join_group(shard, r, version, client_id).await)
+            let client = (client_id, client_host.to_string());
+            ResponseKind::JoinGroup(groups::join_group(shard, r, version, client).await)
         }
         RequestKind::SyncGroup(r) => {
             ResponseKind::SyncGroup(groups::sync_group(shard, r, version).await)
@@ -172,7 +180,13 @@ pub async fn handle(
         RequestKind::ConsumerGroupHeartbeat(r) => {
             let client_id = client_id_of(&request.header);
             ResponseKind::ConsumerGroupHeartbeat(
-                groups::consumer_group_heartbeat(shard, r, version, client_id).await,
+                groups::consumer_group_heartbeat(
+                    shard,
+                    r,
+                    version,
+                    (client_id, client_host.to_string()),
+                )
+                .await,
             )
         }
         RequestKind::ConsumerGroupDescribe(r) => ResponseKind::ConsumerGroupDescribe(
@@ -195,7 +209,6 @@ pub async fn handle(
     }
 }
 
-/// The client id from a request header ("" when absent), for group members' descriptions.
 /// Checks a client's `current_leader_epoch` against ours, as Kafka's `Partition` does: an
 /// older epoch is FENCED_LEADER_EPOCH (the client refreshes its metadata and validates its
 /// position), a newer one UNKNOWN_LEADER_EPOCH (this broker is behind), and -1 skips the check.
@@ -209,6 +222,7 @@ pub(crate) fn check_epoch(current: i32, ours: i32) -> Result<(), i16> {
     }
 }
 
+/// The client id from a request header ("" when absent), for group members' descriptions.
 fn client_id_of(header: &kaas_wire::kafka_protocol::messages::RequestHeader) -> String {
     header
         .client_id

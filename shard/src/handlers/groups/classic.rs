@@ -31,7 +31,7 @@ pub async fn join_group(
     shard: &Rc<Shard>,
     req: JoinGroupRequest,
     version: i16,
-    client_id: String,
+    (client_id, client_host): (String, String),
 ) -> JoinGroupResponse {
     let gid = req.group_id.to_string();
     let result = if gid.is_empty() {
@@ -48,7 +48,7 @@ pub async fn join_group(
                     member_id: req.member_id.to_string(),
                     instance_id: req.group_instance_id.as_ref().map(|i| i.to_string()),
                     client_id,
-                    client_host: CLIENT_HOST_UNKNOWN.to_string(),
+                    client_host,
                     session_timeout_ms: req.session_timeout_ms,
                     // v0 has no rebalance timeout: Kafka uses the session timeout.
                     rebalance_timeout_ms: if version >= 1 {

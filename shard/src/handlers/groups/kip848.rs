@@ -28,7 +28,7 @@ pub async fn consumer_group_heartbeat(
     shard: &Rc<Shard>,
     req: ConsumerGroupHeartbeatRequest,
     version: i16,
-    client_id: String,
+    (client_id, client_host): (String, String),
 ) -> ConsumerGroupHeartbeatResponse {
     let gid = req.group_id.to_string();
     let args = HeartbeatArgs {
@@ -49,7 +49,7 @@ pub async fn consumer_group_heartbeat(
                 .collect()
         }),
         client_id,
-        client_host: CLIENT_HOST_UNKNOWN.to_string(),
+        client_host,
     };
     let result: Result<(consumer::HeartbeatResult, i32), GroupError> = if gid.is_empty() {
         Err(GroupError::InvalidRequest("GroupId can't be empty.".into()))

@@ -61,10 +61,6 @@ use crate::shard::Shard;
 
 use super::authorized;
 
-/// What DescribeGroups reports as a member's host: the connection's peer address is not
-/// visible to handlers yet.
-const CLIENT_HOST_UNKNOWN: &str = "/unknown";
-
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
