@@ -229,18 +229,23 @@ class Tail:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int):
         self.topic, self.partitions = topic, partitions
-        self.consumer = Consumer({
+        self.conf = {
             "bootstrap.servers": bootstrap, "group.id": f"tail-{topic}", "enable.auto.commit": False,
             "auto.offset.reset": "error", "check.crcs": True, "fetch.error.backoff.ms": 100,
             "topic.metadata.refresh.interval.ms": 2000, "log.connection.close": False,
-        })
+        }
+        self.consumer = Consumer(self.conf)
         self.read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         self.errors: list[str] = []
+        # Consumers replaced because they stopped reading: (records read then, seconds stalled).
+        self.replaced: list[tuple[int, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tail-{topic}", daemon=True)
 
     def _run(self) -> None:
-        self.consumer.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
+        self.consumer.assign([
+            TopicPartition(self.topic, p, self.read[p][-1][0] + 1 if self.read[p] else 0)
+            for p in range(self.partitions)])
         while not self._stop.is_set():
             for m in self.consumer.consume(1000, 0.2):
                 if m.error():
@@ -260,7 +265,20 @@ class Tail:
             close_bounded(self.consumer, "the tailing consumer")
             self.consumer = None
 
-    def check(self, stored_counts: dict[int, tuple[int, int]], timeout_s: float = 90.0) -> int:
+    def _replace(self, stalled_s: float) -> None:
+        """The consumer stopped reading while records wait: librdkafka 2.12 can deadlock its
+        main thread (confluentinc/librdkafka#5476: an OffsetForLeaderEpoch error handled while
+        a broker connection fails), and nothing is fetched after that. A fresh consumer goes on
+        from the next offset of each partition; what the old one read stays checked, and the
+        replacement is reported."""
+        self.replaced.append((sum(map(len, self.read.values())), round(stalled_s)))
+        self.stop()
+        self.consumer = Consumer(self.conf)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tail-{self.topic}", daemon=True)
+        self._thread.start()
+
+    def check(self, stored_counts: dict[int, tuple[int, int]], timeout_s: float = 180.0) -> int:
         """Waits (bounded) until it read up to each partition's high watermark in
         `stored_counts` ({p: (log start, high watermark)}), stops, and checks. Returns the
         number of records it read."""
@@ -268,8 +286,19 @@ class Tail:
         def behind():
             return {p: (len(self.read[p]), h - low) for p, (low, h) in stored_counts.items()
                     if len(self.read[p]) < h - low}
+        def total():
+            return sum(map(len, self.read.values()))
+        progress = (total(), time.monotonic())
         while behind() and not self.errors and time.monotonic() < deadline:
             time.sleep(0.2)
+            if total() != progress[0]:
+                progress = (total(), time.monotonic())
+            elif time.monotonic() - progress[1] > 20:
+                self._replace(time.monotonic() - progress[1])
+                progress = (total(), time.monotonic())
+        if self.replaced:
+            print(f"\ntailing consumer replaced {len(self.replaced)} time(s) after it stopped reading"
+                  f" (records read then, seconds without progress): {self.replaced}")
         self.stop()
         assert not self.errors, (f"the tailing consumer (auto.offset.reset=error) got {len(self.errors)}"
                                  f" errors, e.g. {self.errors[:5]}")
