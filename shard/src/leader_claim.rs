@@ -53,17 +53,13 @@ pub fn reported_epoch(claim: Option<LeaderClaim>, leader: i32) -> i32 {
     }
 }
 
-/// Publishes `claim` for the partition in `dir` (tmp + rename: readers see the old or the new
-/// claim, never a torn one).
-pub fn publish(dir: &Path, claim: LeaderClaim) -> std::io::Result<()> {
-    let target = dir.join(CLAIM_FILE);
-    // Unique per process: a deposed leader and its successor may publish at once.
-    let tmp = dir.join(format!("{CLAIM_FILE}.tmp.{}", std::process::id()));
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec(&claim).expect("a claim serializes"),
-    )?;
-    std::fs::rename(&tmp, &target)
+/// Publishes `claim` for the partition in `dir` (tmp + rename, as a take-over claims its
+/// epoch in the manifest: readers see the old or the new claim, never a torn one).
+pub fn publish(dir: &Path, claim: LeaderClaim) -> Result<(), kaas_storage::StorageError> {
+    kaas_storage::replace_visible(
+        &dir.join(CLAIM_FILE),
+        &serde_json::to_vec(&claim).expect("a claim serializes"),
+    )
 }
 
 /// The claim published in `dir`, if any can be read.

@@ -28,7 +28,7 @@ mod segment;
 
 pub use error::StorageError;
 pub use fs_sync::{filesystem_syncs, SyncScope};
-pub use manifest::write_atomically;
+pub use manifest::{replace_visible, write_atomically};
 pub use partition::{
     AppendOutcome, IndexStats, LogConfig, PartitionLog, ReadOutcome, TimestampLookup,
 };
