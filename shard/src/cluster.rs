@@ -11,7 +11,7 @@
 //! the new view → take over. Metadata reads this view; the ownership check reads the serving
 //! set; both follow the same accepted assignment.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +38,9 @@ pub struct ClusterState {
     pub assignment: Option<Arc<Assignment>>,
     /// Topic → leader of each partition index (-1: none, e.g. in handover).
     leaders: HashMap<String, Vec<i32>>,
+    /// Topics only in handover (every partition of theirs pending), which `leaders` lacks:
+    /// placed by a controller, unlike a topic created since the last file.
+    in_handover: HashSet<String>,
 }
 
 impl ClusterState {
@@ -56,9 +59,16 @@ impl ClusterState {
                 row[index] = leader.0;
             }
         }
+        let in_handover = assignment
+            .iter()
+            .flat_map(|a| &a.pending)
+            .filter(|m| !leaders.contains_key(&m.topic))
+            .map(|m| m.topic.clone())
+            .collect();
         Self {
             assignment,
             leaders,
+            in_handover,
         }
     }
 }
@@ -183,6 +193,18 @@ impl ClusterView {
             .and_then(|row| row.get(index))
             .copied()
             .filter(|l| *l >= 0)
+    }
+
+    /// Whether a controller has placed `topic` yet: false in cluster mode for a topic created
+    /// after the accepted assignment was written (its partitions have no leader until the
+    /// controller's next file, up to a catalog reload and a round later). Always true on a
+    /// single node.
+    pub fn placed(&self, topic: &str) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let state = self.state.load();
+        state.leaders.contains_key(topic) || state.in_handover.contains(topic)
     }
 
     /// The rack of the broker leading a partition, for the rack-aware assignor: from the
@@ -422,5 +444,35 @@ mod tests {
         assert_eq!(view.controller(), 1);
         assert!(view.brokers()[0].fenced);
         assert_eq!(view.coordinator("g"), Some(1));
+    }
+
+    // A topic is placed once the accepted file names it, as led or in handover; one created
+    // since (auto-created on some broker, the controller not yet through its next round) is
+    // not, and Metadata answers LEADER_NOT_AVAILABLE for it.
+    #[test]
+    fn topics_created_after_the_file_are_not_placed() {
+        assert!(ClusterView::single(0, "h".into(), 1).placed("anything"));
+        let view = ClusterView::cluster(1, "h".into(), 2);
+        assert!(!view.placed("t"), "no file yet");
+        let mut a = Assignment::new(
+            3,
+            1,
+            Vec::new(),
+            [(TopicPartition::new("led", 0), BrokerId(1))]
+                .into_iter()
+                .collect(),
+            [],
+        );
+        a.pending.push(kaas_model::PendingMove {
+            topic: "moving".into(),
+            partition: 0,
+            from: BrokerId(0),
+            to: BrokerId(1),
+            since: (3, 1),
+        });
+        view.publish(ClusterState::new(Some(Arc::new(a))));
+        assert!(view.placed("led"));
+        assert!(view.placed("moving"), "every partition in handover: placed");
+        assert!(!view.placed("new"));
     }
 }

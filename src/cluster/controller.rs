@@ -103,6 +103,9 @@ pub(super) async fn controller_loop(
                 if rounds.is_multiple_of(10) && !still_head(&config, seq, last.clone()).await {
                     continue 'claim;
                 }
+                // Topics created on other brokers since the last round: placed in this one,
+                // not a catalog reload (a second) later, as clients wait on their leaders.
+                super::reload_catalog(&shards).await;
                 let round = recompute(
                     &config,
                     &shards,

@@ -382,7 +382,7 @@ async fn catalog_reload_loop(shards: Arc<Shards>) {
 
 /// Re-reads the catalog (topics created, grown, deleted or reconfigured by other brokers);
 /// when configs changed, the shards re-apply them to their open logs.
-async fn reload_catalog(shards: &Shards) {
+pub(super) async fn reload_catalog(shards: &Shards) {
     let c = shards.catalog.clone();
     match tokio::task::spawn_blocking(move || c.reload()).await {
         Ok(Ok(true)) => {

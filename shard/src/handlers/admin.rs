@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kaas_wire::kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kaas_wire::kafka_protocol::messages::create_topics_response::{
@@ -34,11 +35,16 @@ fn s(v: &str) -> StrBytes {
 pub const SOURCE_DYNAMIC_TOPIC: i8 = 1;
 pub const SOURCE_DEFAULT: i8 = 5;
 
-pub fn create_topics(
+/// The longest CreateTopics waits for the controller to place what it created.
+const PLACEMENT_WAIT_CAP: Duration = Duration::from_secs(30);
+
+pub async fn create_topics(
     shard: &Rc<Shard>,
     req: CreateTopicsRequest,
     version: i16,
 ) -> CreateTopicsResponse {
+    let timeout = Duration::from_millis(u64::try_from(req.timeout_ms).unwrap_or(0));
+    let mut created = Vec::new();
     let mut results = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let name = t.name.as_str().to_string();
@@ -79,6 +85,7 @@ pub fn create_topics(
                 if let Some(m) = &meta {
                     tracing::info!(topic = %name, partitions, id = %m.id, "created topic");
                     r = r.with_topic_id(m.id);
+                    created.push(name.clone());
                 }
                 if version >= 5 {
                     r = r
@@ -98,7 +105,28 @@ pub fn create_topics(
         }
         results.push(r);
     }
+    wait_placed(shard, &created, timeout.min(PLACEMENT_WAIT_CAP)).await;
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// Waits (at most `timeout`, the request's own) until the controller has placed every topic
+/// in `names`, as Kafka's ZooKeeper-era brokers held CreateTopics until the new partitions had
+/// leaders: a client that produces right after its CreateTopics returned then finds leaders
+/// in Metadata instead of LEADER_NOT_AVAILABLE. On a single node topics are placed at once. A
+/// time-out still answers success: the topic exists, and its leaders follow within a round.
+async fn wait_placed(shard: &Shard, names: &[String], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while names.iter().any(|n| !shard.cluster.placed(n)) {
+        if Instant::now() >= deadline {
+            tracing::info!(
+                topics = ?names,
+                timeout_ms = timeout.as_millis() as u64,
+                "CreateTopics answered before the controller placed every new topic"
+            );
+            return;
+        }
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn config_entries(overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {

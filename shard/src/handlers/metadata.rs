@@ -110,6 +110,17 @@ fn error_topic(name: &str, code: i16) -> MetadataResponseTopic {
 }
 
 fn topic_response(shard: &Shard, t: &Arc<TopicMeta>) -> MetadataResponseTopic {
+    // Created but not yet placed by the controller (cluster mode: auto-created on this broker
+    // or created on another since the last assignment file): Kafka's answer to a topic still
+    // being created, a retriable topic error without partitions. Partitions with no leader
+    // would let a producer pick one and start its delivery timer before any broker serves it.
+    if !shard.cluster.placed(&t.name) {
+        return MetadataResponseTopic::default()
+            .with_error_code(errors::LEADER_NOT_AVAILABLE)
+            .with_name(Some(topic_name(&t.name)))
+            .with_topic_id(t.id)
+            .with_topic_authorized_operations(authorized::OMITTED);
+    }
     let partitions = (0..t.partitions)
         .map(|p| {
             let (leader, epoch, error) = leadership(shard, t, p);

@@ -121,7 +121,7 @@ pub async fn handle(
             ResponseKind::InitProducerId(offsets::init_producer_id(shard, r))
         }
         RequestKind::CreateTopics(r) => {
-            ResponseKind::CreateTopics(admin::create_topics(shard, r, version))
+            ResponseKind::CreateTopics(admin::create_topics(shard, r, version).await)
         }
         RequestKind::DeleteTopics(r) => {
             ResponseKind::DeleteTopics(admin::delete_topics(shard, r, version).await)

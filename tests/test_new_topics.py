@@ -1,0 +1,117 @@
+"""A new topic on a cluster is answered with leaders or not at all.
+
+In cluster mode a topic is created in the shared catalog by whichever broker is asked, and led
+only once the controller has placed it in its next assignment file. Metadata used to list the
+new topic's partitions at once, each without a leader: kafka-python's producer then picked a
+partition, started the record's delivery clock and waited out the placement (kafka-python's own
+`test_idempotent_producer`, `send().get(timeout=1)` on an auto-created topic, timed out in CI
+against three brokers). Kafka answers a topic still being created with a topic-level
+LEADER_NOT_AVAILABLE and no partitions, and holds CreateTopics until the new partitions have
+leaders; so does kaas now.
+
+Metadata is sent and decoded with kafka-python's protocol classes over a plain socket
+(tests/test_leader_epochs.py's `call`), so the test sees exactly what a client sees.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from kafka import KafkaProducer
+from kafka.protocol.metadata import MetadataRequest
+
+from kcheck import admin
+from kcluster import _CLUSTERS, Cluster, logs_on_failure
+from test_leader_epochs import call
+
+NONE, LEADER_NOT_AVAILABLE = 0, 5
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Three brokers that auto-create unknown topics with three partitions."""
+    c = Cluster(tmp_path / "cluster", 3, auto_create=3)
+    _CLUSTERS.append(c)
+    try:
+        c.start()
+        c.wait_controller()
+        yield c
+    finally:
+        c.close()
+        _CLUSTERS.remove(c)
+
+
+def metadata(node, topic: str, auto_create: bool):
+    """(topic error, {partition: (leader, partition error)}) as `node` answers Metadata v12."""
+    req = MetadataRequest[12](topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                              allow_auto_topic_creation=auto_create,
+                              include_topic_authorized_operations=False)
+    (t,) = call(node, req).topics
+    return t.error_code, {p.partition_index: (p.leader_id, p.error_code) for p in t.partitions}
+
+
+def check_answer(node, topic: str, error: int, partitions: dict) -> bool:
+    """Asserts an answer is whole: a retriable 'not yet' without partitions, or every partition
+    led. Returns whether it was the latter."""
+    if error == LEADER_NOT_AVAILABLE:
+        assert not partitions, f"broker {node.id}: {topic} not available, yet lists {partitions}"
+        return False
+    assert error == NONE, f"broker {node.id}: {topic} error {error}"
+    assert sorted(partitions) == [0, 1, 2], f"broker {node.id}: {topic} {partitions}"
+    leaderless = {p: v for p, v in partitions.items() if v[0] < 0 or v[1] != NONE}
+    assert not leaderless, f"broker {node.id} lists {topic}'s partitions without a leader: {partitions}"
+    return True
+
+
+@logs_on_failure
+def test_auto_created_topic_is_listed_only_with_leaders(cluster):
+    """Auto-creation through a broker that is not the controller answers LEADER_NOT_AVAILABLE
+    until the controller has placed the topic, then every partition with its leader."""
+    c = cluster
+    controller = c.wait_controller()
+    other = next(n for n in c.nodes if n.id != controller.id)
+    for round_ in range(3):
+        topic = f"auto-{round_}"
+        error, partitions = metadata(other, topic, auto_create=True)
+        if check_answer(other, topic, error, partitions):
+            continue
+        deadline = time.monotonic() + 10
+        while True:
+            error, partitions = metadata(other, topic, auto_create=False)
+            if check_answer(other, topic, error, partitions):
+                break
+            assert time.monotonic() < deadline, f"{topic} still not led after 10 s"
+            time.sleep(0.02)
+
+
+@logs_on_failure
+def test_create_topics_returns_once_the_topic_is_led(cluster):
+    """CreateTopics (which clients send to the controller) answers only once the controller
+    has placed the new partitions: its Metadata lists their leaders right after, and a producer
+    bootstrapped through any broker writes to them."""
+    from confluent_kafka.admin import NewTopic
+    c = cluster
+    controller = c.wait_controller()
+    for node in c.nodes:
+        topic = f"created-via-{node.id}"
+        a = admin(node.bootstrap)
+        a.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)],
+                        request_timeout=30)[topic].result(30)
+        error, partitions = metadata(controller, topic, auto_create=False)
+        assert check_answer(controller, topic, error, partitions), (
+            f"the controller (broker {controller.id}) answered CreateTopics for {topic} before it was led")
+
+
+@logs_on_failure
+def test_idempotent_sends_to_a_new_topic_complete_within_a_second(cluster):
+    """kafka-python's test_idempotent_producer, on every broker: ten idempotent sends to a
+    topic the first one auto-creates, each acknowledged within one second."""
+    c = cluster
+    for node in c.nodes:
+        topic = f"idempotent-via-{node.id}"
+        producer = KafkaProducer(bootstrap_servers=node.bootstrap, enable_idempotence=True)
+        try:
+            for i in range(10):
+                producer.send(topic, value=b"idempotent_msg").get(timeout=1)
+        finally:
+            producer.close(timeout=5)
