@@ -197,8 +197,11 @@ impl HealthSource for HealthView {
         );
         self.register_requests(&mut registry);
         self.register_traffic(&mut registry);
+        self.register_topics(&mut registry);
         self.register_admission(&mut registry);
         self.register_shards(&mut registry);
+        self.register_cluster(&mut registry);
+        register_process(&mut registry, self.started);
         registry
     }
 }
@@ -225,6 +228,16 @@ struct ApiNameLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicLabels {
+    topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -472,6 +485,245 @@ impl HealthView {
     }
 }
 
+/// The cluster's control state as this broker sees it: what `/healthz` says under `cluster`,
+/// as series an alert can watch. A single node reports itself as the one live broker and the
+/// controller, its fence always open, so the same alerts hold for both modes.
+struct ControlState {
+    controller_active: bool,
+    controller_id: i64,
+    lease_epoch: u64,
+    assignment_version: u64,
+    partitions_led: u64,
+    pending: u64,
+    /// Partitions of the catalog the accepted assignment gives no leader (in handover, or
+    /// created since): Kafka's OfflinePartitionsCount, here from every broker's view.
+    offline: u64,
+    fence_open: bool,
+    draining: bool,
+    /// Brokers by state: alive, draining, dead.
+    brokers: [u64; 3],
+}
+
+impl HealthView {
+    fn control_state(&self) -> ControlState {
+        let snapshot = self.catalog.snapshot();
+        let partitions: u64 = snapshot
+            .topics
+            .values()
+            .map(|t| u64::try_from(t.partitions).unwrap_or(0))
+            .sum();
+        let Some(c) = self.cluster.get() else {
+            return ControlState {
+                controller_active: true,
+                controller_id: i64::from(self.config.broker_id),
+                lease_epoch: 0,
+                assignment_version: 0,
+                partitions_led: partitions,
+                pending: 0,
+                offline: 0,
+                fence_open: true,
+                draining: false,
+                brokers: [1, 0, 0],
+            };
+        };
+        let assignment = c.assignment.borrow().clone();
+        let leadership = c.leadership.borrow().clone();
+        let led_in_file = assignment.as_ref().map_or(0, |a| {
+            a.partitions
+                .keys()
+                .filter(|tp| {
+                    snapshot
+                        .get(&tp.topic)
+                        .is_some_and(|t| (0..t.partitions).contains(&tp.partition))
+                })
+                .count() as u64
+        });
+        let mut brokers = [0u64; 3];
+        for b in assignment.iter().flat_map(|a| &a.brokers) {
+            brokers[match b.health {
+                kaas_control::assignment::Health::Alive => 0,
+                kaas_control::assignment::Health::Draining => 1,
+                kaas_control::assignment::Health::Dead => 2,
+            }] += 1;
+        }
+        ControlState {
+            controller_active: leadership.leads_now(),
+            controller_id: i64::from(c.view.controller()),
+            lease_epoch: leadership.epoch,
+            assignment_version: assignment.as_ref().map_or(0, |a| a.assignment_version),
+            partitions_led: c.status.borrow().partitions.len() as u64,
+            pending: assignment.as_ref().map_or(0, |a| a.pending.len() as u64),
+            offline: partitions.saturating_sub(led_in_file),
+            fence_open: c.view.may_acknowledge(),
+            draining: c.view.draining(),
+            brokers,
+        }
+    }
+
+    /// Bytes and records in and bytes out by topic, summed over the shards: every topic of
+    /// the catalog has its series, at zero until it has traffic through this broker.
+    fn register_topics(&self, registry: &mut Registry) {
+        let snapshot = self.catalog.snapshot();
+        let mut sums: std::collections::BTreeMap<&str, [u64; 3]> = snapshot
+            .topics
+            .keys()
+            .map(|t| (t.as_str(), [0; 3]))
+            .collect();
+        let shards: Vec<_> = self.probes.iter().map(|p| p.topics.snapshot()).collect();
+        for map in &shards {
+            for (topic, c) in map.iter() {
+                if let Some(sum) = sums.get_mut(&**topic) {
+                    sum[0] += c.bytes_in.load(Ordering::Relaxed);
+                    sum[1] += c.records_in.load(Ordering::Relaxed);
+                    sum[2] += c.bytes_out.load(Ordering::Relaxed);
+                }
+            }
+        }
+        let families: [_; 3] = std::array::from_fn(|_| Family::<TopicLabels, Counter>::default());
+        for (topic, sum) in sums {
+            for (family, n) in families.iter().zip(sum) {
+                family
+                    .get_or_create(&TopicLabels {
+                        topic: topic.to_string(),
+                    })
+                    .inc_by(n);
+            }
+        }
+        let [bytes_in, records_in, bytes_out] = families;
+        registry.register(
+            "kaas_topic_bytes_in",
+            "Bytes of record batches appended, by topic (Kafka's BytesInPerSec)",
+            bytes_in,
+        );
+        registry.register(
+            "kaas_topic_records_in",
+            "Records appended, by topic (Kafka's MessagesInPerSec)",
+            records_in,
+        );
+        registry.register(
+            "kaas_topic_bytes_out",
+            "Bytes of record batches sent to consumers, by topic (Kafka's BytesOutPerSec)",
+            bytes_out,
+        );
+    }
+
+    /// The control state's families (see [`ControlState`]).
+    fn register_cluster(&self, registry: &mut Registry) {
+        let s = self.control_state();
+        let gauges = [
+            (
+                "kaas_controller_active",
+                "1 on the broker that is the controller now (Kafka's ActiveControllerCount: \
+                 summed over the brokers it must be 1)",
+                u64::from(s.controller_active),
+            ),
+            (
+                "kaas_lease_epoch",
+                "The controller Lease's epoch as this broker last read it (0 on a single node)",
+                s.lease_epoch,
+            ),
+            (
+                "kaas_assignment_version",
+                "Version of the accepted assignment.json (0 on a single node)",
+                s.assignment_version,
+            ),
+            (
+                "kaas_partitions_led",
+                "Partitions this broker leads and serves",
+                s.partitions_led,
+            ),
+            (
+                "kaas_partitions_pending_handover",
+                "Partitions between leaders in the accepted assignment, led by no broker meanwhile",
+                s.pending,
+            ),
+            (
+                "kaas_partitions_offline",
+                "Partitions with no leader in the accepted assignment (Kafka's \
+                 OfflinePartitionsCount): in handover, or created and not yet placed",
+                s.offline,
+            ),
+            (
+                "kaas_write_fence_open",
+                "1 while this broker may acknowledge writes (its controller acknowledged its \
+                 heartbeat within the fence); 0: produce is answered NOT_LEADER_OR_FOLLOWER",
+                u64::from(s.fence_open),
+            ),
+            (
+                "kaas_draining",
+                "1 once this broker received SIGTERM and is handing its partitions away",
+                u64::from(s.draining),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            gauge(registry, name, help, value);
+        }
+        registry.register(
+            "kaas_controller_id",
+            "The controller's broker id as this broker sees it (-1: not known yet)",
+            ConstGauge::new(s.controller_id),
+        );
+        let brokers = Family::<StateLabels, Gauge>::default();
+        for (state, n) in ["alive", "draining", "dead"].into_iter().zip(s.brokers) {
+            brokers
+                .get_or_create(&StateLabels { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        registry.register(
+            "kaas_brokers",
+            "Brokers of the accepted assignment by state (a single node counts itself alive)",
+            brokers,
+        );
+    }
+}
+
+/// The standard process families (`process_*`, as every Prometheus client library exports
+/// them): CPU time, resident memory, start time, from /proc/self.
+fn register_process(registry: &mut Registry, started: Instant) {
+    let (cpu_seconds, rss_bytes) = proc_self_stat().unwrap_or((0.0, 0));
+    registry.register_with_unit(
+        "process_cpu",
+        "Total user and system CPU time spent",
+        Unit::Seconds,
+        ConstCounter::new(cpu_seconds),
+    );
+    registry.register_with_unit(
+        "process_resident_memory",
+        "Resident memory size",
+        Unit::Bytes,
+        ConstGauge::new(i64::try_from(rss_bytes).unwrap_or(i64::MAX)),
+    );
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(started.elapsed());
+    registry.register_with_unit(
+        "process_start_time",
+        "Start time of the process since the Unix epoch",
+        Unit::Seconds,
+        ConstGauge::new(start.as_secs_f64()),
+    );
+}
+
+/// (CPU seconds, resident bytes) from /proc/self/stat: utime and stime in clock ticks (fields
+/// 14 and 15), rss in pages (field 24). The fields after the command name, which may hold
+/// spaces and parentheses, are counted from its last `)`.
+fn proc_self_stat() -> Option<(f64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // fields[0] is field 3 (state)
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let rss_pages: u64 = fields.get(21)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions; it only reads configuration values.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
+    let page = u64::try_from(page).unwrap_or(4096);
+    Some(((utime + stime) as f64 / ticks, rss_pages * page))
+}
+
 /// A latency histogram summed over the shards' probes as read at one scrape. Its count is the
 /// sum of its buckets (not the probes' own count, read at another instant), so the `+Inf`
 /// bucket and `_count` always agree.
@@ -546,6 +798,11 @@ mod tests {
         let disk = kaas_shard::disk::DiskSpace::new(dir.path(), None).unwrap();
         let admission = kaas_shard::admission::Admission::new(config.limits, disk);
         let catalog = Arc::new(Catalog::open(dir.path()).unwrap());
+        // A topic's series exist from its creation, at zero (without topics the per-topic
+        // families have no series, and prometheus-client then leaves them out).
+        catalog
+            .create_topic("t", 1, -1, Default::default())
+            .unwrap();
         let probes = vec![
             Arc::new(ShardProbe::default()),
             Arc::new(ShardProbe::default()),
@@ -555,8 +812,27 @@ mod tests {
             .encode(&view.metrics())
             .unwrap();
         let open = MetricsFormat::OpenMetrics.encode(&view.metrics()).unwrap();
-        assert_eq!(classic.matches("# TYPE ").count(), 27, "{classic}");
-        assert_eq!(open.matches("# TYPE ").count(), 27, "{open}");
+        assert_eq!(classic.matches("# TYPE ").count(), 43, "{classic}");
+        assert_eq!(open.matches("# TYPE ").count(), 43, "{open}");
+        // A single node is its own controller and only broker, its fence open.
+        for series in [
+            "kaas_controller_active 1\n",
+            "kaas_controller_id 0\n",
+            "kaas_write_fence_open 1\n",
+            "kaas_partitions_offline 0\n",
+            "kaas_brokers{state=\"alive\"} 1\n",
+            "kaas_brokers{state=\"dead\"} 0\n",
+            "kaas_topic_records_in_total{topic=\"t\"} 0\n",
+        ] {
+            assert!(classic.contains(series), "{series} missing from {classic}");
+        }
+        for family in [
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_start_time_seconds gauge",
+        ] {
+            assert!(classic.contains(family), "{family} missing from {classic}");
+        }
         assert!(open.ends_with("# EOF\n"));
         for (key, _, _) in SUPPORTED_APIS {
             let series = format!(

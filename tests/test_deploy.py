@@ -177,7 +177,9 @@ def test_rendered_objects_match_kubernetes_schemas(scenario, tmp_path):
 
 
 def test_default_is_a_single_node_broker_on_the_shared_volume():
-    """By default: one replica, no cluster flags, /data on a ReadWriteMany claim with a settable storage class."""
+    """By default: one replica, no cluster flags, /data on a ReadWriteOnce claim (which every
+    storage class offers: a ReadWriteMany default stayed Pending on kind, minikube, EKS gp2/gp3
+    and GKE standard-rwo) with a settable storage class; cluster mode shares a ReadWriteMany one."""
     docs = render("default")
     sts = one(docs, "StatefulSet")
     assert sts["spec"]["replicas"] == 1
@@ -186,13 +188,58 @@ def test_default_is_a_single_node_broker_on_the_shared_volume():
     env = env_of(c)
     assert env["KAAS_DATA_DIR"] == "/data"
     pvc = one(docs, "PersistentVolumeClaim")
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert vols["data"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
     nfs = one(render("cluster"), "PersistentVolumeClaim")
     assert nfs["spec"]["storageClassName"] == "nfs-client"
+    assert nfs["spec"]["accessModes"] == ["ReadWriteMany"]
+    # an explicit choice is kept in either mode
+    pvc = one(render("default", "--set", "persistence.accessModes={ReadWriteOncePod}"), "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOncePod"]
+
+
+def test_values_schema_refuses_typos_and_bad_choices():
+    """values.schema.json: a misspelt key or an unknown choice fails the install with its path,
+    instead of rendering silently without it."""
+    assert "additional properties 'replicas' not allowed" in render_fails("--set", "replicas=3")
+    assert "/persistence/accessModes/0" in render_fails("--set", "persistence.accessModes={ReadWriteMny}")
+    assert "/podAntiAffinity" in render_fails("--set", "podAntiAffinity=maybe")
+    assert "/metrics/serviceMonitor" in render_fails("--set", "metrics.serviceMonitor.enable=true")
+    assert "/shards" in render_fails("--set", "shards=0")
+
+
+MONITORING = ("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+              "--set", "metrics.dashboard.enabled=true",
+              "--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_monitoring_objects_scrape_alert_and_chart_the_brokers(scenario):
+    """Off by default. On: a ServiceMonitor that selects the headless Service alone (every broker,
+    ready or not) on its health port as job "kaas"; a PrometheusRule holding exactly the rule file
+    tests/test_prometheus.py evaluates against a real Prometheus; the dashboard in a ConfigMap
+    labelled for Grafana's sidecar."""
+    kinds = {d["kind"] for d in render(scenario)}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}, kinds
+    docs = render(scenario, *MONITORING)
+    sm = one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selected = [d for d in docs if d["kind"] == "Service" and
+                sm["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()]
+    assert [d["metadata"]["name"] for d in selected] == ["kaas-headless"], selected
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in selected[0]["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert {"targetLabel": "job", "replacement": "kaas"} in endpoint["relabelings"]
+    rule = one(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "kaas-alerts.yaml").read_text())
+    cm = one(docs, "ConfigMap", "-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["kaas-dashboard.json"]) == json.loads(
+        (CHART / "files" / "kaas-dashboard.json").read_text())
 
 
 def test_replicas_above_one_need_cluster_mode():

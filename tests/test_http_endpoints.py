@@ -84,6 +84,12 @@ def test_metrics_count_traffic(kaas):
     assert any("bytes" in n and v > 200_000 for n, _, v in samples), \
         "no byte counter reached the ~200 KB produced"
     assert "histogram" in types.values(), types
+    # Per topic (Kafka's BrokerTopicMetrics): exactly the records produced, their bytes in, and
+    # at least as many bytes out as the consumer read.
+    per_topic = {n: v for n, labels, v in samples if labels == f'{{topic="{topic}"}}'}
+    assert per_topic.get("kaas_topic_records_in_total") == 2000, per_topic
+    assert per_topic.get("kaas_topic_bytes_in_total", 0) > 200_000, per_topic
+    assert per_topic.get("kaas_topic_bytes_out_total", 0) >= per_topic["kaas_topic_bytes_in_total"], per_topic
 
 
 OPENMETRICS = "application/openmetrics-text"
@@ -118,6 +124,23 @@ FAMILIES = {
     "kaas_shard_alive": "gauge",
     "kaas_produce_latency_seconds": "histogram",
     "kaas_fetch_latency_seconds": "histogram",
+    # the control state (issue 15): the same series on a single node and in a cluster
+    "kaas_controller_active": "gauge",
+    "kaas_controller_id": "gauge",
+    "kaas_lease_epoch": "gauge",
+    "kaas_assignment_version": "gauge",
+    "kaas_partitions_led": "gauge",
+    "kaas_partitions_pending_handover": "gauge",
+    "kaas_partitions_offline": "gauge",
+    "kaas_write_fence_open": "gauge",
+    "kaas_draining": "gauge",
+    "kaas_brokers": "gauge",
+    "kaas_topic_bytes_in_total": "counter",
+    "kaas_topic_records_in_total": "counter",
+    "kaas_topic_bytes_out_total": "counter",
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
 }
 
 
@@ -136,7 +159,8 @@ def fetch_metrics(broker, accept=None):
 def test_every_family_is_present_from_the_start(kaas):
     """Dashboards and alerts need each series to exist before the event it counts: every family
     is exposed with its type, and every API the broker serves has a request counter, at zero if
-    no client sent it (DeleteGroups here)."""
+    no client sent it (DeleteGroups here). A topic's series exist from its creation."""
+    create_topic(kaas.bootstrap, unique_topic("families"), 1)
     ctype, body = fetch_metrics(kaas)
     assert ctype == "text/plain; version=0.0.4; charset=utf-8", ctype
     samples, types = parse_metrics(body)

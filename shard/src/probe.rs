@@ -1,7 +1,11 @@
 //! Per-shard metrics and liveness. Each probe has one writer (its shard) and is read by the
 //! control thread; everything is a relaxed atomic, so nothing on the hot path takes a lock.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use kaas_wire::kafka_protocol::messages::ApiKey;
 
@@ -75,6 +79,54 @@ pub struct ShardProbe {
     pub logs_evicted: AtomicU64,
     pub produce_latency: LatencyProbe,
     pub fetch_latency: LatencyProbe,
+    /// Bytes and records in, bytes out, by topic.
+    pub topics: TopicTraffic,
+}
+
+/// One topic's traffic through one shard (Kafka's BrokerTopicMetrics: BytesIn, MessagesIn,
+/// BytesOut).
+#[derive(Debug, Default)]
+pub struct TopicCounters {
+    /// Bytes of record batches appended (duplicates of an idempotent retry not counted).
+    pub bytes_in: AtomicU64,
+    /// Records appended.
+    pub records_in: AtomicU64,
+    /// Bytes of record batches sent in Fetch responses.
+    pub bytes_out: AtomicU64,
+}
+
+/// Per-topic counters, lock-free on both sides: the shard is the only writer of its map (a new
+/// topic swaps in a copy with it added, rare), the control thread reads a snapshot.
+#[derive(Default)]
+pub struct TopicTraffic {
+    map: ArcSwap<HashMap<Arc<str>, Arc<TopicCounters>>>,
+}
+
+impl TopicTraffic {
+    /// The counters of `topic`, added on its first use. Called only by the owning shard's
+    /// thread. `live` says which topics still exist: adding one drops the counters of deleted
+    /// topics, so topics created and deleted in a loop cannot grow the map.
+    pub fn of(&self, topic: &str, live: impl Fn(&str) -> bool) -> Arc<TopicCounters> {
+        if let Some(c) = self.map.load().get(topic) {
+            return c.clone();
+        }
+        let mut next: HashMap<Arc<str>, Arc<TopicCounters>> = self
+            .map
+            .load()
+            .iter()
+            .filter(|(t, _)| live(t))
+            .map(|(t, c)| (t.clone(), c.clone()))
+            .collect();
+        let counters = Arc::new(TopicCounters::default());
+        next.insert(Arc::from(topic), counters.clone());
+        self.map.store(Arc::new(next));
+        counters
+    }
+
+    /// The counters as they stand, by topic.
+    pub fn snapshot(&self) -> Arc<HashMap<Arc<str>, Arc<TopicCounters>>> {
+        self.map.load_full()
+    }
 }
 
 impl Default for ShardProbe {
@@ -95,11 +147,18 @@ impl Default for ShardProbe {
             logs_evicted: AtomicU64::new(0),
             produce_latency: LatencyProbe::default(),
             fetch_latency: LatencyProbe::default(),
+            topics: TopicTraffic::default(),
         }
     }
 }
 
 impl ShardProbe {
+    /// `topic`'s counters on this shard (see [`TopicTraffic::of`]).
+    pub fn topic(&self, catalog: &crate::catalog::Catalog, topic: &str) -> Arc<TopicCounters> {
+        self.topics
+            .of(topic, |t| catalog.snapshot().get(t).is_some())
+    }
+
     pub fn count_request(&self, api_key: i16) {
         if let Some(c) = self.requests.get(api_key as usize) {
             c.fetch_add(1, Ordering::Relaxed);
@@ -145,6 +204,11 @@ pub fn api_name(key: i16) -> Option<&'static str> {
         ApiKey::OffsetDelete => "OffsetDelete",
         ApiKey::ConsumerGroupHeartbeat => "ConsumerGroupHeartbeat",
         ApiKey::ConsumerGroupDescribe => "ConsumerGroupDescribe",
+        ApiKey::DescribeLogDirs => "DescribeLogDirs",
+        ApiKey::DescribeProducers => "DescribeProducers",
+        ApiKey::DescribeClientQuotas => "DescribeClientQuotas",
+        ApiKey::DescribeUserScramCredentials => "DescribeUserScramCredentials",
+        ApiKey::ListPartitionReassignments => "ListPartitionReassignments",
         _ => "Other",
     })
 }

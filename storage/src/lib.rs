@@ -32,7 +32,7 @@ pub use manifest::{replace_visible, write_atomically};
 pub use partition::{
     AppendOutcome, IndexStats, LogConfig, PartitionLog, ReadOutcome, TimestampLookup,
 };
-pub use producer::ProducerCheck;
+pub use producer::{ActiveProducer, ProducerCheck};
 
 /// An offset in a partition's log.
 pub type Offset = i64;

@@ -48,7 +48,34 @@ fn next_sequence(s: i32) -> i32 {
     }
 }
 
+/// One idempotent producer as DescribeProducers reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveProducer {
+    pub producer_id: i64,
+    pub epoch: i16,
+    /// The sequence of the last record it wrote (-1: none remembered).
+    pub last_sequence: i32,
+    /// Offset of the last batch it wrote (-1: none remembered).
+    pub last_offset: i64,
+}
+
 impl ProducerStateTable {
+    /// Every producer the table remembers, by id.
+    pub fn active(&self) -> Vec<ActiveProducer> {
+        let mut out: Vec<ActiveProducer> = self
+            .producers
+            .iter()
+            .map(|(id, e)| ActiveProducer {
+                producer_id: *id,
+                epoch: e.epoch,
+                last_sequence: e.batches.back().map_or(-1, |b| b.last_sequence),
+                last_offset: e.batches.back().map_or(-1, |b| b.last_offset),
+            })
+            .collect();
+        out.sort_by_key(|p| p.producer_id);
+        out
+    }
+
     /// Decides what to do with `h` without changing any state.
     pub fn check(&self, h: &BatchHeader) -> Result<ProducerCheck, StorageError> {
         if !h.has_producer_id() || h.base_sequence < 0 {

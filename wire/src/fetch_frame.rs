@@ -110,7 +110,8 @@ impl Writer {
     }
 }
 
-/// Encodes a whole Fetch response frame (length prefix, header, body) for `version` (4–16).
+/// Encodes a whole Fetch response frame (length prefix, header, body) for `version` (4–18;
+/// v17 and v18 add only request fields, for replicas).
 pub fn encode_fetch_response(
     correlation_id: i32,
     version: i16,
@@ -272,7 +273,7 @@ mod tests {
     // generated encoder produces, with large record sets passed through as their own chunks.
     #[test]
     fn identical_to_generated_encoder() {
-        for version in 4..=16 {
+        for version in 4..=18 {
             for len in [0usize, 10, ZERO_COPY_MIN_BYTES, 100_000] {
                 let r = sample(len);
                 let frame = encode_fetch_response(77, version, &r);

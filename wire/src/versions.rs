@@ -11,9 +11,9 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 /// semantics (topic IDs in Produce, tiered-storage offsets) that we do not serve yet.
 pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 12),
-    (ApiKey::Fetch, 4, 16),
+    (ApiKey::Fetch, 4, 18),
     (ApiKey::ListOffsets, 1, 8),
-    (ApiKey::Metadata, 0, 12),
+    (ApiKey::Metadata, 0, 13),
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
@@ -28,6 +28,12 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeTopicPartitions, 0, 0),
     // kafka-log-dirs and UIs: one log directory, partition sizes, the volume's bytes (v4).
     (ApiKey::DescribeLogDirs, 1, 4),
+    // What admin tools and UIs read (shard/src/handlers/describe.rs): producer state per
+    // partition, and the empty answers of quotas, SCRAM users and reassignments.
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::ListPartitionReassignments, 0, 0),
     // The group coordinator (groups/, shard/src/groups). OffsetCommit and OffsetFetch start where
     // Kafka 4 does (v0/v1 were removed); FindCoordinator v4+ is the batched form.
     (ApiKey::FindCoordinator, 0, 6),
@@ -110,6 +116,14 @@ mod tests {
                     within::<DescribeTopicPartitionsRequest>(*lo, *hi)
                 }
                 ApiKey::DescribeLogDirs => within::<DescribeLogDirsRequest>(*lo, *hi),
+                ApiKey::DescribeProducers => within::<DescribeProducersRequest>(*lo, *hi),
+                ApiKey::DescribeClientQuotas => within::<DescribeClientQuotasRequest>(*lo, *hi),
+                ApiKey::DescribeUserScramCredentials => {
+                    within::<DescribeUserScramCredentialsRequest>(*lo, *hi)
+                }
+                ApiKey::ListPartitionReassignments => {
+                    within::<ListPartitionReassignmentsRequest>(*lo, *hi)
+                }
                 ApiKey::FindCoordinator => within::<FindCoordinatorRequest>(*lo, *hi),
                 ApiKey::JoinGroup => within::<JoinGroupRequest>(*lo, *hi),
                 ApiKey::SyncGroup => within::<SyncGroupRequest>(*lo, *hi),

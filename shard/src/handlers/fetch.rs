@@ -4,6 +4,7 @@
 //! one whole batch returned so a consumer always progresses.
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -133,6 +134,13 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
                 budget = budget.saturating_sub(records.len());
                 first = false;
             }
+        }
+        if let (false, Some(m)) = (records.is_empty(), &w.meta) {
+            shard
+                .probe
+                .topic(&shard.catalog, &m.name)
+                .bytes_out
+                .fetch_add(records.len() as u64, Ordering::Relaxed);
         }
         let lso = if r.high_watermark >= 0 {
             r.high_watermark

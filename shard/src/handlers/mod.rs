@@ -4,6 +4,7 @@
 
 mod admin;
 mod configs;
+mod describe;
 mod fetch;
 mod groups;
 mod log_dirs;
@@ -134,6 +135,18 @@ pub async fn handle(
         }
         RequestKind::DescribeLogDirs(r) => {
             ResponseKind::DescribeLogDirs(log_dirs::describe_log_dirs(shard, r).await)
+        }
+        RequestKind::DescribeProducers(r) => {
+            ResponseKind::DescribeProducers(describe::describe_producers(shard, r).await)
+        }
+        RequestKind::DescribeClientQuotas(r) => {
+            ResponseKind::DescribeClientQuotas(describe::describe_client_quotas(r))
+        }
+        RequestKind::DescribeUserScramCredentials(r) => {
+            ResponseKind::DescribeUserScramCredentials(describe::describe_user_scram_credentials(r))
+        }
+        RequestKind::ListPartitionReassignments(r) => {
+            ResponseKind::ListPartitionReassignments(describe::list_partition_reassignments(r))
         }
         RequestKind::DescribeConfigs(r) => {
             ResponseKind::DescribeConfigs(configs::describe_configs(shard, r))

@@ -356,6 +356,17 @@ async fn produce_partition(
     let base_offset = match outcome {
         AppendOutcome::Appended { base_offset, .. } => {
             shard.admission.disk.note_written(records.len() as u64);
+            let traffic = shard.probe.topic(&shard.catalog, &meta.name);
+            traffic
+                .bytes_in
+                .fetch_add(records.len() as u64, Ordering::Relaxed);
+            let n: i64 = headers
+                .iter()
+                .map(|h| i64::from(h.record_count.max(0)))
+                .sum();
+            traffic
+                .records_in
+                .fetch_add(n.unsigned_abs(), Ordering::Relaxed);
             base_offset
         }
         AppendOutcome::Duplicate { base_offset, .. } => base_offset,

@@ -277,6 +277,11 @@ impl PartitionLog {
         }
     }
 
+    /// The idempotent producers this partition remembers (DescribeProducers).
+    pub fn active_producers(&self) -> Vec<crate::ActiveProducer> {
+        self.state.borrow().producers.active()
+    }
+
     pub fn log_start_offset(&self) -> i64 {
         self.state.borrow().log_start_offset
     }

@@ -90,11 +90,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* Checks of value combinations the broker cannot run with. */}}
+{{/* The data claim's access modes: as set, else RWO for one broker and RWX for a cluster. */}}
+{{- define "kaas.accessModes" -}}
+{{- if .Values.persistence.accessModes -}}
+{{- toYaml .Values.persistence.accessModes -}}
+{{- else if .Values.cluster.enabled -}}
+- ReadWriteMany
+{{- else -}}
+- ReadWriteOnce
+{{- end -}}
+{{- end -}}
+
 {{- define "kaas.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.cluster.enabled) -}}
 {{- fail "replicaCount > 1 needs cluster.enabled=true (several brokers sharing one volume need cluster mode); a single-node broker locks its data directory" -}}
 {{- end -}}
-{{- if and .Values.cluster.enabled .Values.persistence.enabled (not .Values.persistence.existingClaim) (not (has "ReadWriteMany" .Values.persistence.accessModes)) -}}
+{{- if and .Values.cluster.enabled .Values.persistence.enabled (not .Values.persistence.existingClaim) (not (has "ReadWriteMany" (include "kaas.accessModes" . | fromYamlArray))) -}}
 {{- fail "cluster mode shares one volume between brokers: persistence.accessModes must include ReadWriteMany" -}}
 {{- end -}}
 {{- if and .Values.cluster.enabled (not .Values.persistence.enabled) -}}

@@ -1,0 +1,132 @@
+//! Read-only admin APIs that tools and UIs call (kafka-transactions describe-producers,
+//! kafka-configs --entity-type clients/users, kafka-reassign-partitions --list, AKHQ, Kafka-UI):
+//! DescribeProducers from each partition's idempotent-producer state, and the empty answers of
+//! what kaas has none of — client quotas, SCRAM credentials, ongoing reassignments (a leader
+//! move copies no data, so none is ever in progress).
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kaas_wire::kafka_protocol::messages::describe_producers_response::{
+    PartitionResponse, ProducerState, TopicResponse,
+};
+use kaas_wire::kafka_protocol::messages::describe_user_scram_credentials_response::DescribeUserScramCredentialsResult;
+use kaas_wire::kafka_protocol::messages::{
+    DescribeClientQuotasRequest, DescribeClientQuotasResponse, DescribeProducersRequest,
+    DescribeProducersResponse, DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse, ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse, ProducerId,
+};
+use kaas_wire::kafka_protocol::protocol::StrBytes;
+
+use super::per_topic_partition;
+use crate::catalog::TopicMeta;
+use crate::errors;
+use crate::shard::Shard;
+
+/// A partition's answer: an error code, or its producers.
+type Producers = Result<Vec<kaas_storage::ActiveProducer>, i16>;
+
+pub async fn describe_producers(
+    shard: &Rc<Shard>,
+    req: DescribeProducersRequest,
+) -> DescribeProducersResponse {
+    let wanted: Vec<(String, Vec<(i32, ())>)> = req
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.name.to_string(),
+                t.partition_indexes.iter().map(|p| (*p, ())).collect(),
+            )
+        })
+        .collect();
+    let answers: Vec<Vec<Producers>> = per_topic_partition(
+        shard,
+        wanted,
+        |s, m, p, ()| producers_of(s, m, p),
+        Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
+        Err(errors::NOT_LEADER_OR_FOLLOWER),
+    )
+    .await;
+    let topics = req
+        .topics
+        .iter()
+        .zip(answers)
+        .map(|(t, ans)| {
+            let partitions = t
+                .partition_indexes
+                .iter()
+                .zip(ans)
+                .map(|(p, a)| {
+                    let r = PartitionResponse::default().with_partition_index(*p);
+                    match a {
+                        Ok(ps) => r.with_active_producers(
+                            ps.into_iter()
+                                .map(|p| {
+                                    // kaas keeps no per-producer timestamp and serves no
+                                    // transactions: those fields are -1, as Kafka reports
+                                    // them for a producer without.
+                                    ProducerState::default()
+                                        .with_producer_id(ProducerId(p.producer_id))
+                                        .with_producer_epoch(i32::from(p.epoch))
+                                        .with_last_sequence(p.last_sequence)
+                                        .with_last_timestamp(-1)
+                                        .with_coordinator_epoch(-1)
+                                        .with_current_txn_start_offset(-1)
+                                })
+                                .collect(),
+                        ),
+                        Err(code) => r.with_error_code(code),
+                    }
+                })
+                .collect();
+            TopicResponse::default()
+                .with_name(t.name.clone())
+                .with_partitions(partitions)
+        })
+        .collect();
+    DescribeProducersResponse::default().with_topics(topics)
+}
+
+/// On the owning shard: the producers the partition's log remembers.
+async fn producers_of(shard: Rc<Shard>, meta: Arc<TopicMeta>, partition: i32) -> Producers {
+    match shard.partition(&meta, partition).await {
+        Ok(log) => Ok(log.active_producers()),
+        Err(e) => Err(errors::storage(&e)),
+    }
+}
+
+/// No quotas are configured (kaas enforces none): an empty list of entities.
+pub fn describe_client_quotas(_req: DescribeClientQuotasRequest) -> DescribeClientQuotasResponse {
+    DescribeClientQuotasResponse::default().with_entries(Some(Vec::new()))
+}
+
+/// No SCRAM users exist (kaas serves no SASL): every user asked for is RESOURCE_NOT_FOUND, with
+/// Kafka's message; asking for all gets an empty list.
+pub fn describe_user_scram_credentials(
+    req: DescribeUserScramCredentialsRequest,
+) -> DescribeUserScramCredentialsResponse {
+    let results = req
+        .users
+        .unwrap_or_default()
+        .into_iter()
+        .map(|u| {
+            DescribeUserScramCredentialsResult::default()
+                .with_user(u.name)
+                .with_error_code(errors::RESOURCE_NOT_FOUND)
+                .with_error_message(Some(StrBytes::from_static_str(
+                    "Attempt to describe a user credential that does not exist",
+                )))
+        })
+        .collect();
+    DescribeUserScramCredentialsResponse::default().with_results(results)
+}
+
+/// No reassignment is ever in progress: kaas keeps one copy of each partition on the shared
+/// volume, so moving a partition moves its leadership and copies nothing.
+pub fn list_partition_reassignments(
+    _req: ListPartitionReassignmentsRequest,
+) -> ListPartitionReassignmentsResponse {
+    ListPartitionReassignmentsResponse::default()
+}
