@@ -41,6 +41,12 @@ struct Args {
     /// told otherwise; the container image and the chart set 0.0.0.0:8080).
     #[arg(long, env = "KAAS_HEALTH_LISTEN", default_value = "127.0.0.1:8080", value_parser = parse_bind_addr)]
     health_listen: SocketAddr,
+    /// A broker config under Kafka's name, as in server.properties (repeatable): the topic
+    /// defaults (`log.retention.ms`, `log.segment.bytes`, `message.max.bytes`, ...) and
+    /// `max.connections` / `max.connections.per.ip`. Checked as kafka-configs checks them;
+    /// `kafka-configs --entity-type brokers --entity-default` overrides them at run time.
+    #[arg(long = "broker-config", value_name = "KEY=VALUE", value_parser = parse_broker_config)]
+    broker_config: Vec<(String, String)>,
     /// Create unknown topics on Metadata and Produce requests.
     #[arg(long, env = "KAAS_AUTO_CREATE_TOPICS", default_value_t = true, action = ArgAction::Set)]
     auto_create_topics: bool,
@@ -149,6 +155,15 @@ struct Args {
 /// A bind address: `IP:PORT`, or `HOST:PORT` with a host name resolved once at start
 /// (`localhost:9092`, as Kafka's `listeners` accepts). An IPv4 address is preferred when the
 /// name has both, as `localhost` usually does: clients resolving it try IPv4 first too.
+/// `KEY=VALUE` of `--broker-config`, checked as an AlterConfigs on the broker resource is.
+fn parse_broker_config(s: &str) -> Result<(String, String), String> {
+    let (key, value) = s.split_once('=').ok_or_else(|| {
+        format!("expected KEY=VALUE with Kafka's broker config name, e.g. log.retention.ms=86400000, got {s:?}")
+    })?;
+    kaas_shard::topic_config::validate_broker(key.trim(), value.trim())?;
+    Ok((key.trim().to_string(), value.trim().to_string()))
+}
+
 fn parse_bind_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
@@ -474,6 +489,7 @@ fn run(args: Args, group: kaas_shard::groups::config::GroupConfig) -> anyhow::Re
         ),
         min_free_bytes: args.min_free_bytes,
         group,
+        static_broker_configs: args.broker_config.iter().cloned().collect(),
     };
     anyhow::ensure!(
         args.max_frame_bytes <= args.queued_max_request_bytes,

@@ -460,3 +460,55 @@ def test_newest_metadata_and_fetch_versions(broker):
         (fp,) = ft.partitions
         assert fp.error_code == 0 and fp.high_watermark == 5, (version, fp)
         assert fp.records and b"v4" in bytes(fp.records), (version, fp)
+
+
+def test_broker_configs_given_at_start(broker_factory, tmp_path):
+    """`--broker-config KEY=VALUE` (Kafka's server.properties, what the chart's config.broker
+    renders) sets topic defaults beneath the dynamic configs: a new topic reports
+    log.retention.ms's value as its retention.ms with source STATIC_BROKER_CONFIG, a record over
+    the static message.max.bytes is refused MESSAGE_TOO_LARGE, and a dynamic default set with
+    kafka-configs' AlterConfigs wins over the static one. A name or value Kafka would refuse
+    stops the broker before it starts, saying which (exit 2)."""
+    import subprocess
+
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ResourceType
+
+    from conftest import kaas_bin
+    b = broker_factory(extra_args=["--broker-config", "log.retention.ms=123456789",
+                                   "--broker-config", "message.max.bytes=2000"])
+    a = admin(b.bootstrap)
+    topic = unique_topic("static")
+    create_topic(b.bootstrap, topic, 1)
+
+    def topic_config(name):
+        (f,) = a.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()
+        e = f.result(15)[name]
+        return e.value, e.source
+
+    STATIC, DYNAMIC_DEFAULT = 4, 3
+    assert topic_config("retention.ms") == ("123456789", STATIC)
+    assert topic_config("max.message.bytes") == ("2000", STATIC)
+    p = Producer({"bootstrap.servers": b.bootstrap, "compression.type": "none",
+                  "message.max.bytes": 100000, "message.timeout.ms": 10000})
+    errors = []
+    p.produce(topic, value=b"x" * 5000, on_delivery=lambda err, m: errors.append(err))
+    p.flush(15)
+    assert [e.code() for e in errors] == [KafkaError.MSG_SIZE_TOO_LARGE], errors
+    # A dynamic default (kafka-configs --entity-type brokers) overrides the static value.
+    res = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
+        "log.retention.ms", "42000", incremental_operation=AlterConfigOpType.SET)])
+    for f in a.incremental_alter_configs([res]).values():
+        f.result(15)
+    assert topic_config("retention.ms") == ("42000", DYNAMIC_DEFAULT)
+    (f,) = a.describe_configs([ConfigResource(ResourceType.BROKER, "0")]).values()
+    entry = f.result(15)["message.max.bytes"]
+    assert (entry.value, entry.source) == ("2000", STATIC), entry
+
+    for bad, named in (("log.retention.ms=soon", "log.retention.ms"),
+                       ("log.retentoin.ms=1000", "log.retentoin.ms"),
+                       ("log.retention.ms", "KEY=VALUE")):
+        r = subprocess.run([str(kaas_bin()), "--data-dir", str(tmp_path / "never"),
+                            "--broker-config", bad], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and named in r.stderr and "--broker-config" in r.stderr, (bad, r.stderr)
+        assert not (tmp_path / "never").exists()

@@ -771,3 +771,25 @@ def test_image_file_capability_gives_ipc_lock_only_where_granted(kaas_for_uid):
     ready, rc, log = _run_kaas(binary, work, too_big, pre)
     assert ready and rc == 0, log[-3000:]
     assert "some shards will run without registered buffers" in log, log[-3000:]
+
+
+def test_broker_configs_render_as_flags(tmp_path):
+    """`config.broker` (Kafka's broker config names) becomes one `--broker-config` flag each,
+    with YAML numbers written as Kafka expects them (536870912, not 5.36870912e+08), a
+    fraction kept, and "$(" escaped so Kubernetes does not expand it."""
+    values = tmp_path / "broker.yaml"
+    values.write_text(yaml.safe_dump({"config": {"broker": {
+        "log.segment.bytes": 536870912, "log.retention.ms": 604800000,
+        "log.cleaner.min.cleanable.ratio": 0.5, "log.cleanup.policy": "compact,delete",
+        "ssl.keystore.password": "a$(b)"}}}))
+    for scenario in ("default", "cluster"):
+        args = broker_container(render(scenario, "-f", str(values)))["args"]
+        flags = [a for a in args if a.startswith("--broker-config=")]
+        assert flags == [
+            "--broker-config=log.cleaner.min.cleanable.ratio=0.5",
+            "--broker-config=log.cleanup.policy=compact,delete",
+            "--broker-config=log.retention.ms=604800000",
+            "--broker-config=log.segment.bytes=536870912",
+            "--broker-config=ssl.keystore.password=a$$(b)",
+        ], flags
+    assert "/config/broker" in render_fails("--set", "config.broker={a,b}")

@@ -134,6 +134,10 @@ pub struct Catalog {
     /// Dynamic broker configs (Kafka's names, e.g. `log.retention.ms`), set through
     /// AlterConfigs on the broker resource; they are the defaults of topic configs.
     broker_configs: ArcSwap<BTreeMap<String, String>>,
+    /// Broker configs given at start (`--broker-config`), beneath the dynamic ones.
+    static_broker_configs: ArcSwap<BTreeMap<String, String>>,
+    /// The static configs overlaid with the dynamic ones: what the broker runs with.
+    effective_broker_configs: ArcSwap<BTreeMap<String, String>>,
     /// Per-group configs (Kafka 4's GROUP resource, e.g. `consumer.session.timeout.ms`), by
     /// group id; see `groups::config::GROUP_SETTINGS`.
     group_configs: ArcSwap<GroupConfigs>,
@@ -229,6 +233,8 @@ impl Catalog {
         let group_configs: GroupConfigs =
             load_json(&dir.join("group-configs.json"))?.unwrap_or_default();
         Ok(Catalog {
+            effective_broker_configs: ArcSwap::from_pointee(broker_configs.clone()),
+            static_broker_configs: ArcSwap::from_pointee(BTreeMap::new()),
             broker_configs: ArcSwap::from_pointee(broker_configs),
             group_configs: ArcSwap::from_pointee(group_configs),
             dir,
@@ -269,6 +275,7 @@ impl Catalog {
         let configs_changed = *self.broker_configs.load_full() != configs;
         if configs_changed {
             self.broker_configs.store(Arc::new(configs));
+            self.recompute_effective();
         }
         let groups: GroupConfigs =
             load_json(&self.dir.join("group-configs.json"))?.unwrap_or_default();
@@ -423,9 +430,45 @@ impl Catalog {
         })
     }
 
-    /// The dynamic broker configs. Lock-free.
+    /// The dynamic broker configs (what kafka-configs set). Lock-free.
     pub fn broker_configs(&self) -> Arc<BTreeMap<String, String>> {
         self.broker_configs.load_full()
+    }
+
+    /// The broker configs given at start (`--broker-config`). Lock-free.
+    pub fn static_broker_configs(&self) -> Arc<BTreeMap<String, String>> {
+        self.static_broker_configs.load_full()
+    }
+
+    /// What the broker runs with: the static configs, each overridden by a dynamic one of the
+    /// same name, as Kafka layers server.properties beneath its dynamic configs. Lock-free.
+    pub fn effective_broker_configs(&self) -> Arc<BTreeMap<String, String>> {
+        self.effective_broker_configs.load_full()
+    }
+
+    /// Sets the static layer (at start, before any shard runs), after validating every entry
+    /// as kafka-configs would.
+    pub fn set_static_broker_configs(
+        &self,
+        configs: BTreeMap<String, String>,
+    ) -> Result<(), CatalogError> {
+        for (k, v) in &configs {
+            topic_config::validate_broker(k, v).map_err(CatalogError::InvalidConfig)?;
+        }
+        self.static_broker_configs.store(Arc::new(configs));
+        self.recompute_effective();
+        Ok(())
+    }
+
+    fn recompute_effective(&self) {
+        let mut all = (*self.static_broker_configs.load_full()).clone();
+        all.extend(
+            self.broker_configs
+                .load_full()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        self.effective_broker_configs.store(Arc::new(all));
     }
 
     /// Replaces the dynamic broker configs after validating every entry.
@@ -444,6 +487,7 @@ impl Catalog {
         let _lock = FileLock::take(&self.dir)?;
         store_json(&self.dir.join("broker-configs.json"), &configs)?;
         self.broker_configs.store(Arc::new(configs));
+        self.recompute_effective();
         Ok(())
     }
 

@@ -38,12 +38,17 @@ pub struct BrokerConfig {
     pub min_free_bytes: Option<u64>,
     /// The group coordinator's settings (`--group-*` flags).
     pub group: crate::groups::config::GroupConfig,
+    /// Broker configs under Kafka's names given at start (`--broker-config KEY=VALUE`, like
+    /// Kafka's server.properties): the topic defaults (`log.retention.ms`, ...) and connection
+    /// limits beneath what kafka-configs sets at run time (see [`crate::catalog::Catalog`]).
+    pub static_broker_configs: std::collections::BTreeMap<String, String>,
 }
 
 impl BrokerConfig {
     /// A configuration for tests: loopback, given data dir, two shards.
     pub fn for_tests(data_dir: PathBuf, listen: SocketAddr) -> Self {
         BrokerConfig {
+            static_broker_configs: Default::default(),
             broker_id: 0,
             listen,
             advertised_host: listen.ip().to_string(),

@@ -92,6 +92,8 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         reason: format!("creating data directory {}: {e}", config.data_dir.display()),
     })?;
     let catalog = Arc::new(Catalog::open(&config.data_dir)?);
+    // Checked with the same rules when the flags were parsed; set before any shard reads it.
+    catalog.set_static_broker_configs(config.static_broker_configs.clone())?;
     let config = Arc::new(config);
     let disk = disk::DiskSpace::new(&config.data_dir, config.min_free_bytes).map_err(|e| {
         StartError::Shard {
@@ -112,7 +114,8 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         tracing::warn!(path = %ballast.display(), error = %e, "could not write the emergency ballast; a volume filled by another process could block metadata writes");
     }
     let admission = Admission::new(config.limits, disk);
-    let (connections, per_ip) = topic_config::connection_limits(&catalog.broker_configs());
+    let (connections, per_ip) =
+        topic_config::connection_limits(&catalog.effective_broker_configs());
     admission.set_connection_limits(connections, per_ip);
     let nshards = config.shards.max(1);
     let probes: Vec<Arc<ShardProbe>> = (0..nshards)

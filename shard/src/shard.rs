@@ -509,7 +509,7 @@ impl Shard {
     fn log_config(&self, topic: &TopicMeta) -> kaas_storage::LogConfig {
         kaas_storage::LogConfig {
             sync_scope: self.config.sync_scope,
-            ..topic_config::log_config(&topic.configs, &self.catalog.broker_configs())
+            ..topic_config::log_config(&topic.configs, &self.catalog.effective_broker_configs())
         }
     }
 
@@ -517,7 +517,8 @@ impl Shard {
     /// every shard; each applying them is harmless), and every topic's effective configs to the
     /// open logs on this shard.
     pub fn apply_dynamic_configs(&self) {
-        let (connections, per_ip) = topic_config::connection_limits(&self.catalog.broker_configs());
+        let (connections, per_ip) =
+            topic_config::connection_limits(&self.catalog.effective_broker_configs());
         self.admission.set_connection_limits(connections, per_ip);
         for topic in self.catalog.snapshot().topics.values() {
             self.apply_topic_config(topic);

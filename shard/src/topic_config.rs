@@ -539,7 +539,34 @@ fn validate_type(name: &str, value: &str, kind: ConfigType) -> Result<(), String
 pub enum Source {
     Topic = 1,
     DynamicBrokerDefault = 3,
+    /// `--broker-config` at start (Kafka's server.properties).
+    StaticBroker = 4,
     Default = 5,
+}
+
+/// As [`resolve`], with the broker's static configs (`--broker-config`) beneath its dynamic
+/// ones: topic override, dynamic default, static default, built-in default.
+pub fn resolve_layered<'a>(
+    topic: &'a BTreeMap<String, String>,
+    dynamic: &'a BTreeMap<String, String>,
+    static_: &'a BTreeMap<String, String>,
+    name: &str,
+) -> Option<(&'a str, Source)> {
+    if let Some((v, s @ (Source::Topic | Source::DynamicBrokerDefault))) =
+        resolve(topic, dynamic, name)
+    {
+        return Some((v, s));
+    }
+    resolve(topic, static_, name).map(|(v, s)| {
+        (
+            v,
+            if s == Source::DynamicBrokerDefault {
+                Source::StaticBroker
+            } else {
+                s
+            },
+        )
+    })
 }
 
 /// The effective value of topic config `name`: the topic's override, else the broker's
@@ -636,6 +663,44 @@ pub fn max_message_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Kafka's layering: the topic's own value, then the dynamic broker default, then the
+    // static one (server.properties here: --broker-config), then the built-in default; each
+    // reported with its source.
+    #[test]
+    fn static_broker_configs_sit_beneath_the_dynamic_ones() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let none = map(&[]);
+        let statics = map(&[("log.retention.ms", "1000"), ("log.segment.bytes", "2000")]);
+        let dynamic = map(&[("log.retention.ms", "3000")]);
+        let topic = map(&[("segment.bytes", "4000")]);
+        let got = |t, d, name| resolve_layered(t, d, &statics, name);
+        assert_eq!(
+            got(&none, &none, "retention.ms"),
+            Some(("1000", Source::StaticBroker))
+        );
+        assert_eq!(
+            got(&none, &dynamic, "retention.ms"),
+            Some(("3000", Source::DynamicBrokerDefault))
+        );
+        assert_eq!(
+            got(&topic, &dynamic, "segment.bytes"),
+            Some(("4000", Source::Topic))
+        );
+        assert_eq!(
+            got(&none, &dynamic, "segment.bytes"),
+            Some(("2000", Source::StaticBroker))
+        );
+        assert_eq!(
+            got(&none, &none, "cleanup.policy").map(|(_, s)| s),
+            Some(Source::Default)
+        );
+    }
 
     // Every default validates against its own definition.
     #[test]

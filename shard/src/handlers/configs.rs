@@ -46,6 +46,7 @@ fn s(v: &str) -> StrBytes {
 pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
     let snapshot = shard.catalog.snapshot();
     let broker_dynamic = shard.catalog.broker_configs();
+    let broker_static = shard.catalog.static_broker_configs();
     let results = req
         .resources
         .iter()
@@ -71,10 +72,14 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                             .iter()
                             .filter(|d| wanted(d.name))
                             .map(|d| {
-                                let (value, source) =
-                                    topic_config::resolve(&t.configs, &broker_dynamic, d.name)
-                                        .map(|(v, src)| (v, src as i8))
-                                        .unwrap_or((d.default, SOURCE_DEFAULT));
+                                let (value, source) = topic_config::resolve_layered(
+                                    &t.configs,
+                                    &broker_dynamic,
+                                    &broker_static,
+                                    d.name,
+                                )
+                                .map(|(v, src)| (v, src as i8))
+                                .unwrap_or((d.default, SOURCE_DEFAULT));
                                 entry(
                                     d.name,
                                     value,
@@ -147,10 +152,29 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                             Some(e)
                         },
                     ));
+                    // `--broker-config` at start, where no dynamic config replaces it.
+                    configs.extend(
+                        broker_static
+                            .iter()
+                            .filter(|(n, _)| wanted(n) && !broker_dynamic.contains_key(*n))
+                            .map(|(n, v)| {
+                                let kind = broker_kind(n);
+                                let e = entry(n, v, SOURCE_STATIC_BROKER, kind, true, None);
+                                if kind == ConfigType::Password {
+                                    e.with_value(None).with_is_sensitive(true)
+                                } else {
+                                    e
+                                }
+                            }),
+                    );
                     configs.extend(
                         broker_configs(shard)
                             .into_iter()
-                            .filter(|(n, _, _)| wanted(n) && !broker_dynamic.contains_key(*n))
+                            .filter(|(n, _, _)| {
+                                wanted(n)
+                                    && !broker_dynamic.contains_key(*n)
+                                    && !broker_static.contains_key(*n)
+                            })
                             .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None)),
                     );
                     base.with_configs(configs)
@@ -209,6 +233,20 @@ fn entry(
         .with_config_source(source)
         .with_config_type(kind as i8)
         .with_documentation(doc.map(s))
+}
+
+/// The type of broker config `name`, for its description.
+fn broker_kind(name: &str) -> ConfigType {
+    if let Some((_, t)) = topic_config::BROKER_DEFAULTS
+        .iter()
+        .find(|(b, _)| *b == name)
+    {
+        return topic_config::lookup(t).map_or(ConfigType::String, |d| d.kind);
+    }
+    if topic_config::CONNECTION_LIMITS.contains(&name) {
+        return ConfigType::Int;
+    }
+    topic_config::accepted_without_effect(name).unwrap_or(ConfigType::String)
 }
 
 /// The broker's settings under Kafka's names, as set by flags.

@@ -264,7 +264,8 @@ async fn produce_partition(
         note_unstored(code);
         refuse(code)
     };
-    let rules = topic_config::produce_rules(&meta.configs, &shard.catalog.broker_configs());
+    let rules =
+        topic_config::produce_rules(&meta.configs, &shard.catalog.effective_broker_configs());
     if headers
         .iter()
         .any(|h| h.total_len() > rules.max_batch_bytes)
