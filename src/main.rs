@@ -152,9 +152,6 @@ struct Args {
     log: String,
 }
 
-/// A bind address: `IP:PORT`, or `HOST:PORT` with a host name resolved once at start
-/// (`localhost:9092`, as Kafka's `listeners` accepts). An IPv4 address is preferred when the
-/// name has both, as `localhost` usually does: clients resolving it try IPv4 first too.
 /// `KEY=VALUE` of `--broker-config`, checked as an AlterConfigs on the broker resource is.
 fn parse_broker_config(s: &str) -> Result<(String, String), String> {
     let (key, value) = s.split_once('=').ok_or_else(|| {
@@ -164,6 +161,9 @@ fn parse_broker_config(s: &str) -> Result<(String, String), String> {
     Ok((key.trim().to_string(), value.trim().to_string()))
 }
 
+/// A bind address: `IP:PORT`, or `HOST:PORT` with a host name resolved once at start
+/// (`localhost:9092`, as Kafka's `listeners` accepts). An IPv4 address is preferred when the
+/// name has both, as `localhost` usually does: clients resolving it try IPv4 first too.
 fn parse_bind_addr(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);

@@ -107,12 +107,11 @@ impl TopicTraffic {
     /// thread. `live` says which topics still exist: adding one drops the counters of deleted
     /// topics, so topics created and deleted in a loop cannot grow the map.
     pub fn of(&self, topic: &str, live: impl Fn(&str) -> bool) -> Arc<TopicCounters> {
-        if let Some(c) = self.map.load().get(topic) {
+        let current = self.map.load();
+        if let Some(c) = current.get(topic) {
             return c.clone();
         }
-        let mut next: HashMap<Arc<str>, Arc<TopicCounters>> = self
-            .map
-            .load()
+        let mut next: HashMap<Arc<str>, Arc<TopicCounters>> = current
             .iter()
             .filter(|(t, _)| live(t))
             .map(|(t, c)| (t.clone(), c.clone()))

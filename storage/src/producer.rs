@@ -55,8 +55,6 @@ pub struct ActiveProducer {
     pub epoch: i16,
     /// The sequence of the last record it wrote (-1: none remembered).
     pub last_sequence: i32,
-    /// Offset of the last batch it wrote (-1: none remembered).
-    pub last_offset: i64,
 }
 
 impl ProducerStateTable {
@@ -69,7 +67,6 @@ impl ProducerStateTable {
                 producer_id: *id,
                 epoch: e.epoch,
                 last_sequence: e.batches.back().map_or(-1, |b| b.last_sequence),
-                last_offset: e.batches.back().map_or(-1, |b| b.last_offset),
             })
             .collect();
         out.sort_by_key(|p| p.producer_id);

@@ -107,15 +107,12 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                     let mut configs: Vec<_> = topic_config::BROKER_DEFAULTS
                         .iter()
                         .filter(|(n, _)| wanted(n))
-                        .filter_map(|(n, t)| {
+                        .filter_map(|(n, _)| {
                             broker_dynamic.get(*n).map(|v| {
-                                entry(
+                                broker_entry(
                                     n,
                                     v,
                                     topic_config::Source::DynamicBrokerDefault as i8,
-                                    topic_config::lookup(t)
-                                        .map(|d| d.kind)
-                                        .unwrap_or(ConfigType::String),
                                     false,
                                     None,
                                 )
@@ -127,16 +124,13 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                     configs.extend(broker_dynamic.iter().filter(|(n, _)| wanted(n)).filter_map(
                         |(n, v)| {
                             let limit = topic_config::CONNECTION_LIMITS.contains(&n.as_str());
-                            let kind = match topic_config::accepted_without_effect(n) {
-                                Some(kind) => kind,
-                                None if limit => ConfigType::Int,
-                                None => return None,
-                            };
-                            let mut e = entry(
+                            if !limit && topic_config::accepted_without_effect(n).is_none() {
+                                return None;
+                            }
+                            Some(broker_entry(
                                 n,
                                 v,
                                 topic_config::Source::DynamicBrokerDefault as i8,
-                                kind,
                                 false,
                                 req.include_documentation.then_some(if limit {
                                     "Set at run time; replaces the flag of the same name \
@@ -145,11 +139,7 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                                     "A Kafka dynamic broker config that kaas accepts and \
                                          stores for compatibility; it has no effect in kaas."
                                 }),
-                            );
-                            if kind == ConfigType::Password {
-                                e = e.with_value(None).with_is_sensitive(true);
-                            }
-                            Some(e)
+                            ))
                         },
                     ));
                     // `--broker-config` at start, where no dynamic config replaces it.
@@ -157,15 +147,7 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
                         broker_static
                             .iter()
                             .filter(|(n, _)| wanted(n) && !broker_dynamic.contains_key(*n))
-                            .map(|(n, v)| {
-                                let kind = broker_kind(n);
-                                let e = entry(n, v, SOURCE_STATIC_BROKER, kind, true, None);
-                                if kind == ConfigType::Password {
-                                    e.with_value(None).with_is_sensitive(true)
-                                } else {
-                                    e
-                                }
-                            }),
+                            .map(|(n, v)| broker_entry(n, v, SOURCE_STATIC_BROKER, true, None)),
                     );
                     configs.extend(
                         broker_configs(shard)
@@ -233,6 +215,24 @@ fn entry(
         .with_config_source(source)
         .with_config_type(kind as i8)
         .with_documentation(doc.map(s))
+}
+
+/// A broker config's description entry, typed by [`broker_kind`]; a password is reported
+/// without its value and marked sensitive, as Kafka does.
+fn broker_entry(
+    name: &str,
+    value: &str,
+    source: i8,
+    read_only: bool,
+    doc: Option<&str>,
+) -> DescribeConfigsResourceResult {
+    let kind = broker_kind(name);
+    let e = entry(name, value, source, kind, read_only, doc);
+    if kind == ConfigType::Password {
+        e.with_value(None).with_is_sensitive(true)
+    } else {
+        e
+    }
 }
 
 /// The type of broker config `name`, for its description.
