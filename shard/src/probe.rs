@@ -12,51 +12,7 @@ use kaas_wire::kafka_protocol::messages::ApiKey;
 /// Number of API keys we count (Kafka's keys are below this).
 pub const API_KEYS: usize = 96;
 
-/// Upper bounds of the latency histogram buckets, in microseconds.
-pub const LATENCY_BUCKETS_US: [u64; 16] = [
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 10_000_000,
-];
-
-/// A fixed-bucket latency histogram (Prometheus style: cumulative on export).
-pub struct LatencyProbe {
-    buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
-    sum_us: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Default for LatencyProbe {
-    fn default() -> Self {
-        LatencyProbe {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_us: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-}
-
-impl LatencyProbe {
-    pub fn record_us(&self, us: u64) {
-        let i = LATENCY_BUCKETS_US
-            .iter()
-            .position(|b| us <= *b)
-            .unwrap_or(LATENCY_BUCKETS_US.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-    /// (per-bucket counts, not cumulative; sum in µs; count).
-    pub fn read(&self) -> (Vec<u64>, u64, u64) {
-        (
-            self.buckets
-                .iter()
-                .map(|b| b.load(Ordering::Relaxed))
-                .collect(),
-            self.sum_us.load(Ordering::Relaxed),
-            self.count.load(Ordering::Relaxed),
-        )
-    }
-}
+pub use kaas_storage::stats::{LatencyProbe, StorageStats, LATENCY_BUCKETS_US};
 
 /// What one shard reports about itself.
 pub struct ShardProbe {
@@ -81,6 +37,9 @@ pub struct ShardProbe {
     pub fetch_latency: LatencyProbe,
     /// Bytes and records in, bytes out, by topic.
     pub topics: TopicTraffic,
+    /// The log engine's syncs, rolls, retention and compaction on this shard (installed as
+    /// the shard thread's `kaas_storage::stats`).
+    pub storage: Arc<StorageStats>,
 }
 
 /// One topic's traffic through one shard (Kafka's BrokerTopicMetrics: BytesIn, MessagesIn,
@@ -147,6 +106,7 @@ impl Default for ShardProbe {
             produce_latency: LatencyProbe::default(),
             fetch_latency: LatencyProbe::default(),
             topics: TopicTraffic::default(),
+            storage: Arc::default(),
         }
     }
 }

@@ -87,6 +87,8 @@ impl Shard {
         cluster: Arc<ClusterView>,
         admission: Arc<crate::admission::Admission>,
     ) -> Shard {
+        // Runs on the shard's thread: its partition logs count into its probe from here on.
+        kaas_storage::stats::install(probe.storage.clone());
         let groups = GroupManager::new(
             id,
             config.shards,

@@ -1,7 +1,9 @@
 //! The metric families `/metrics` serves, built from the shards' probes at each scrape.
 
 use super::HealthView;
-use kaas_shard::probe::{api_name, LatencyProbe, ShardProbe, API_KEYS, LATENCY_BUCKETS_US};
+use kaas_shard::probe::{
+    api_name, LatencyProbe, ShardProbe, StorageStats, API_KEYS, LATENCY_BUCKETS_US,
+};
 use kaas_wire::versions::SUPPORTED_APIS;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -85,6 +87,7 @@ impl HealthView {
         self.register_topics(&mut registry);
         self.register_admission(&mut registry);
         self.register_shards(&mut registry);
+        self.register_storage(&mut registry);
         self.register_cluster(&mut registry);
         register_process(&mut registry, self.started);
         registry
@@ -306,6 +309,70 @@ impl HealthView {
             "Fetch request latency, including long-poll waiting",
             Unit::Seconds,
             LatencyHistogram::read(self.probes.iter().map(|p| &p.fetch_latency)),
+        );
+    }
+
+    /// The log engine: group-commit syncs, segment rolls, retention and compaction.
+    fn register_storage(&self, registry: &mut Registry) {
+        let total = |f: fn(&StorageStats) -> &AtomicU64| -> u64 {
+            self.probes.iter().map(|p| p.storage.get(f)).sum()
+        };
+        registry.register_with_unit(
+            "kaas_log_sync_duration",
+            "Group-commit sync latency: one fdatasync (--sync-scope file) or one syncfs shared \
+             by a shard's partitions (filesystem)",
+            Unit::Seconds,
+            LatencyHistogram::read(self.probes.iter().map(|p| &p.storage.sync_latency)),
+        );
+        counter(
+            registry,
+            "kaas_log_syncs",
+            "Group-commit syncs run",
+            total(|s| &s.syncs),
+        );
+        counter(
+            registry,
+            "kaas_log_sync_errors",
+            "Group-commit syncs that failed (their acks=all writes were refused)",
+            total(|s| &s.sync_errors),
+        );
+        registry.register_with_unit(
+            "kaas_log_synced",
+            "Bytes of record batches made durable by group-commit syncs (divide by \
+             kaas_log_syncs_total for the bytes one sync carries)",
+            Unit::Bytes,
+            ConstCounter::new(total(|s| &s.synced_bytes)),
+        );
+        counter(
+            registry,
+            "kaas_log_segment_rolls",
+            "Active segments sealed and replaced (size, age or a new leader epoch)",
+            total(|s| &s.segment_rolls),
+        );
+        counter(
+            registry,
+            "kaas_log_retention_deleted_segments",
+            "Segments deleted by retention (retention.ms, retention.bytes, or below a \
+             DeleteRecords start)",
+            total(|s| &s.retention_segments_deleted),
+        );
+        registry.register_with_unit(
+            "kaas_log_retention_reclaimed",
+            "Bytes freed by retention",
+            Unit::Bytes,
+            ConstCounter::new(total(|s| &s.retention_bytes_reclaimed)),
+        );
+        counter(
+            registry,
+            "kaas_log_compactions",
+            "Compaction passes that rewrote at least one segment",
+            total(|s| &s.compactions),
+        );
+        registry.register_with_unit(
+            "kaas_log_compaction_reclaimed",
+            "Bytes freed by compaction",
+            Unit::Bytes,
+            ConstCounter::new(total(|s| &s.compaction_bytes_reclaimed)),
         );
     }
 }

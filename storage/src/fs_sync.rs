@@ -118,6 +118,7 @@ async fn drive(group: Rc<Group>) {
             .borrow()
             .clone()
             .expect("opened before the first waiter");
+        let started = std::time::Instant::now();
         let result = glommio::executor()
             .spawn_blocking(move || {
                 // SAFETY: syncfs only reads the descriptor, which `dir` keeps open.
@@ -128,6 +129,7 @@ async fn drive(group: Rc<Group>) {
                 }
             })
             .await;
+        crate::stats::counted_sync(started, result.is_ok());
         let mut waiters = group.waiters.borrow_mut();
         let mut i = 0;
         while i < waiters.len() {

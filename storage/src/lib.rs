@@ -25,6 +25,7 @@ mod manifest;
 mod partition;
 mod producer;
 mod segment;
+pub mod stats;
 
 pub use error::StorageError;
 pub use fs_sync::{filesystem_syncs, SyncScope};

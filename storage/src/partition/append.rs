@@ -135,6 +135,8 @@ impl PartitionLog {
             }
             st.log_end_offset = next;
         }
+        self.appended_bytes
+            .set(self.appended_bytes.get() + total as u64);
         self.schedule_flush(next);
         if zero_fill {
             self.fill_ahead(file, path, position + total as u64);
@@ -393,6 +395,7 @@ impl PartitionLog {
         );
         st.segments.push(seg);
         drop(st);
+        crate::stats::add(|s| &s.segment_rolls, 1);
         if scope == SyncScope::File {
             let mut fl = self.flush.borrow_mut();
             fl.durable_end = fl.durable_end.max(next);

@@ -89,19 +89,29 @@ impl PartitionLog {
                 let seg = st.segments.last().expect("active segment");
                 (st.log_end_offset, seg.file.clone(), seg.path.clone())
             };
+            let appended = self.appended_bytes.get();
             let scope = self.config.borrow().sync_scope;
             let result = match scope {
                 SyncScope::File => {
                     let _slot = fsync_slot().await;
-                    file.fdatasync()
+                    let started = std::time::Instant::now();
+                    let result = file
+                        .fdatasync()
                         .await
-                        .map_err(|e| StorageError::io("fsyncing segment", &path, e))
+                        .map_err(|e| StorageError::io("fsyncing segment", &path, e));
+                    crate::stats::counted_sync(started, result.is_ok());
+                    result
                 }
+                // Counted where the one syncfs for the shard's partitions runs.
                 SyncScope::Filesystem => crate::fs_sync::sync_filesystem(&self.dir).await,
             };
             let mut fl = self.flush.borrow_mut();
             if result.is_ok() {
                 fl.durable_end = fl.durable_end.max(target);
+                let synced = self
+                    .synced_bytes
+                    .replace(appended.max(self.synced_bytes.get()));
+                crate::stats::add(|s| &s.synced_bytes, appended.saturating_sub(synced));
             }
             // Nothing is durable that was not written (the target was read from the log end).
             debug_assert!(

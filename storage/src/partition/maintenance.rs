@@ -80,6 +80,11 @@ impl PartitionLog {
             })
             .await?;
         tracing::info!(dir = %self.dir.display(), segments = removed.len(), log_start_offset = manifest.log_start_offset, "retention deleted old segments");
+        crate::stats::add(|s| &s.retention_segments_deleted, removed.len() as u64);
+        crate::stats::add(
+            |s| &s.retention_bytes_reclaimed,
+            removed.iter().map(|s| s.size).sum(),
+        );
         Ok(removed.len())
     }
 
@@ -230,6 +235,7 @@ impl PartitionLog {
         // 2. Rewrite each cleanable segment that loses records.
         let tombstone_horizon = now_ms.saturating_sub(cfg.delete_retention_ms);
         let mut rewritten = 0;
+        let mut reclaimed = 0u64;
         for (base, size, bytes, cleanable, newest) in views {
             if !cleanable {
                 continue;
@@ -295,8 +301,10 @@ impl PartitionLog {
                 });
                 out.extend_from_slice(&kept);
             }
+            let cleaned = out.len() as u64;
             if changed && self.swap_cleaned(base, size, out, index).await? {
                 rewritten += 1;
+                reclaimed += size.saturating_sub(cleaned);
             }
         }
         // Everything before the first uncleanable segment is clean now. Recorded only after
@@ -308,7 +316,9 @@ impl PartitionLog {
             format!("{}\n", plan.new_checkpoint).as_bytes(),
         )?;
         if rewritten > 0 {
-            tracing::info!(dir = %self.dir.display(), segments = rewritten, "compacted");
+            tracing::info!(dir = %self.dir.display(), segments = rewritten, bytes_reclaimed = reclaimed, "compacted");
+            crate::stats::add(|s| &s.compactions, 1);
+            crate::stats::add(|s| &s.compaction_bytes_reclaimed, reclaimed);
         }
         Ok(rewritten)
     }

@@ -198,6 +198,10 @@ pub struct PartitionLog {
     /// What consumers may read: the end of the last write that was acknowledged (or would
     /// have been: see [`Self::advance_high_watermark`]). Everything recovered at open counts.
     high_watermark: Cell<i64>,
+    /// Bytes of batches this log has written since it was opened, and how many of them the
+    /// last successful sync covered (for `stats::StorageStats::synced_bytes`).
+    appended_bytes: Cell<u64>,
+    synced_bytes: Cell<u64>,
     closed: Cell<bool>,
     /// The cleaner checkpoint: every segment below this offset has been compacted, so its keys
     /// are unique among themselves (persisted in `cleaner-checkpoint`).

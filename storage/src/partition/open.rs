@@ -191,6 +191,8 @@ impl PartitionLog {
             seal_lock: Semaphore::new(1),
             data_waiters: RefCell::new(Vec::new()),
             high_watermark: Cell::new(log_end_offset),
+            appended_bytes: Cell::new(0),
+            synced_bytes: Cell::new(0),
             closed: Cell::new(false),
             cleaner_checkpoint: Cell::new(cleaner_checkpoint),
             generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
