@@ -88,6 +88,16 @@ struct Args {
     /// io_uring buffer memory per shard, in bytes (counts against RLIMIT_MEMLOCK).
     #[arg(long, env = "KAAS_IO_MEMORY_BYTES", default_value_t = 2 << 20)]
     io_memory_bytes: usize,
+    /// At most this many per-partition series on /metrics: each led partition's start and end
+    /// offsets, and each group's committed offset per partition (consumer lag is their
+    /// difference). Beyond it they are left out, counted in
+    /// kaas_metrics_partition_series_omitted and logged once; 0 leaves them all out.
+    #[arg(
+        long,
+        env = "KAAS_METRICS_PARTITION_SERIES_LIMIT",
+        default_value_t = 10_000
+    )]
+    metrics_partition_series_limit: usize,
     /// How often retention (retention.ms, retention.bytes) is applied, in milliseconds.
     #[arg(long, env = "KAAS_RETENTION_CHECK_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
     retention_check_interval_ms: u64,
@@ -490,6 +500,7 @@ fn run(args: Args, group: kaas_shard::groups::config::GroupConfig) -> anyhow::Re
         min_free_bytes: args.min_free_bytes,
         group,
         static_broker_configs: args.broker_config.iter().cloned().collect(),
+        metrics_partition_series_limit: args.metrics_partition_series_limit,
     };
     anyhow::ensure!(
         args.max_frame_bytes <= args.queued_max_request_bytes,

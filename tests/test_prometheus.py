@@ -122,6 +122,17 @@ def rule_metrics() -> set[str]:
     return names
 
 
+def commit_half(bootstrap: str, group: str, topic: str, partitions: int, per_partition: int):
+    """Commits offset `per_partition` for every partition of `topic` as group `group`."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, p, per_partition) for p in range(partitions)],
+                 asynchronous=False)
+    finally:
+        c.close()
+
+
 def dashboard_queries() -> list[tuple[str, str]]:
     """(expression, panel title) of every dashboard target, as Prometheus would get it."""
     dash = json.loads(DASHBOARD.read_text())
@@ -156,8 +167,8 @@ def test_prometheus_scrapes_a_cluster_and_evaluates_every_rule(make_cluster, tmp
         prom.wait(lambda: len([v for _, v in prom.query('up{job="kaas"}') if v == 1]) == 3,
                   60, "three kaas targets up")
         # Every rule evaluated, without error.
-        alerts = len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.M))
-        assert alerts >= 9, alerts
+        alerts = len(re.findall(r"^\s+- (?:alert|record): ", RULES.read_text(), re.M))
+        assert alerts >= 12, alerts
 
         def rules_ok():
             groups = prom.api("rules")["groups"]
@@ -166,8 +177,10 @@ def test_prometheus_scrapes_a_cluster_and_evaluates_every_rule(make_cluster, tmp
                 r["health"] == "ok" and r.get("lastEvaluation", "").startswith("20")
                 for r in rules) else None
         prom.wait(rules_ok, 30, f"all {alerts} rules evaluated healthy")
-        # Every metric a rule reads is scraped (a histogram by its buckets).
-        for name in sorted(rule_metrics()):
+        # Every metric a rule reads is scraped (a histogram by its buckets) from every broker;
+        # the per-partition and per-group ones once there are led partitions and groups (below).
+        per_partition = {"kaas_partition_end_offset", "kaas_group_committed_offset"}
+        for name in sorted(rule_metrics() - per_partition):
             series = prom.query(f'count({{__name__="{name}", job="kaas"}})')
             assert series and series[0][1] >= 3, f"rule metric {name} not scraped from the brokers: {series}"
         # The control state agrees with /healthz: one controller, all agree on its id, three
@@ -192,6 +205,18 @@ def test_prometheus_scrapes_a_cluster_and_evaluates_every_rule(make_cluster, tmp
             p.produce("watched", value=b"x" * 100, partition=i % 6)
         assert p.flush(30) == 0
         assert sum(len(r) for _, r in read_all(c.bootstrap(), "watched", 6).values()) == 600
+        # A group reads half of every partition and commits: its lag is the other half, as
+        # the lag rule computes it from the leaders' end offsets and the coordinator's
+        # committed offsets (different brokers).
+        commit_half(c.bootstrap(), "watchers", "watched", 6, 50)
+        def lag():
+            got = prom.query('kaas:group_lag{group="watchers"}')
+            assert got in ([], [({"__name__": "kaas:group_lag", "group": "watchers"}, 300.0)]), (
+                got, prom.query('kaas_partition_end_offset{topic="watched"}'),
+                prom.query('kaas_group_committed_offset{group="watchers"}'))
+            return got
+        prom.wait(lag, 30, "the lag rule reporting 300 records behind for group watchers")
+        assert len(prom.query('kaas_partition_end_offset{job="kaas", topic="watched"}')) == 6
         for expr, title in dashboard_queries():
             prom.wait(lambda: prom.query(expr), 30, f"data for dashboard panel {title!r}: {expr}")
 

@@ -48,6 +48,23 @@ impl GroupKind {
             GroupKind::Consumer(_) => "consumer",
         }
     }
+    /// Members in the group now.
+    pub fn member_count(&self) -> usize {
+        match self {
+            GroupKind::Classic(g) => g.members.len(),
+            GroupKind::Consumer(g) => g.members.len(),
+        }
+    }
+    /// How many rebalances the group has gone through since it was loaded: the classic
+    /// generation, or the KIP-848 group epoch (each bumps once per membership or assignment
+    /// change). Starts again from 0 when a group is loaded from disk, as both do.
+    pub fn rebalances(&self) -> u64 {
+        let n = match self {
+            GroupKind::Classic(g) => g.generation,
+            GroupKind::Consumer(g) => g.group_epoch,
+        };
+        u64::try_from(n).unwrap_or(0)
+    }
     /// ListGroups' `protocol_type`.
     pub fn protocol_type(&self) -> String {
         match self {

@@ -42,6 +42,9 @@ pub struct BrokerConfig {
     /// Kafka's server.properties): the topic defaults (`log.retention.ms`, ...) and connection
     /// limits beneath what kafka-configs sets at run time (see [`crate::catalog::Catalog`]).
     pub static_broker_configs: std::collections::BTreeMap<String, String>,
+    /// At most this many per-partition series on `/metrics` (partition offsets and group
+    /// committed offsets, `--metrics-partition-series-limit`); 0 publishes none.
+    pub metrics_partition_series_limit: usize,
 }
 
 impl BrokerConfig {
@@ -71,6 +74,7 @@ impl BrokerConfig {
             open_log_files_per_shard: 10_000,
             min_free_bytes: Some(0),
             group: Default::default(),
+            metrics_partition_series_limit: 10_000,
         }
     }
 }

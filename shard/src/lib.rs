@@ -42,6 +42,8 @@ use crate::shard::Shard;
 
 /// How often a shard proves it is alive (and checks for shutdown).
 const TICK: Duration = Duration::from_millis(100);
+/// Partition offsets and groups are published for `/metrics` every this many ticks (1 s).
+const PUBLISH_EVERY_TICKS: u64 = 10;
 
 /// A running set of shards.
 pub struct BrokerRuntime {
@@ -371,7 +373,14 @@ async fn run_shard(
     tracing::info!(shard = id, listen = %config.listen, "shard serving");
     while !shutdown.load(Ordering::SeqCst) {
         glommio::timer::sleep(TICK).await;
-        probe.alive_ticks.fetch_add(1, Ordering::Relaxed);
+        let ticks = probe.alive_ticks.fetch_add(1, Ordering::Relaxed) + 1;
+        if ticks.is_multiple_of(PUBLISH_EVERY_TICKS) {
+            shard.publish_partition_offsets();
+            let groups = shard.groups.samples(config.metrics_partition_series_limit);
+            if **probe.published.groups.load() != groups {
+                probe.published.groups.store(Arc::new(groups));
+            }
+        }
     }
     drop(acceptor);
     probe.listener_bound.store(false, Ordering::SeqCst);

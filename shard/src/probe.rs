@@ -40,6 +40,44 @@ pub struct ShardProbe {
     /// The log engine's syncs, rolls, retention and compaction on this shard (installed as
     /// the shard thread's `kaas_storage::stats`).
     pub storage: Arc<StorageStats>,
+    /// The offsets of the partitions this shard leads and the groups it coordinates, as the
+    /// shard last published them (once a second, see [`Published`]).
+    pub published: Published,
+}
+
+/// One partition's offsets on the shard that leads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub topic: Arc<str>,
+    pub partition: i32,
+    pub log_start: i64,
+    /// The high watermark: the end of what consumers can read, which lag is measured from.
+    pub high_watermark: i64,
+}
+
+/// One consumer group on the shard that coordinates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSample {
+    pub group: String,
+    /// `classic` or `consumer` (KIP-848).
+    pub group_type: &'static str,
+    /// Kafka's state name (Stable, Empty, PreparingRebalance, ...).
+    pub state: &'static str,
+    pub members: u64,
+    /// See `GroupKind::rebalances`.
+    pub rebalances: u64,
+    /// (topic, partition, committed offset).
+    pub committed: Vec<(String, i32, i64)>,
+}
+
+/// What a shard publishes for the scrape that it cannot keep in counters: its partitions'
+/// offsets and its groups. The shard rebuilds both once a second and swaps them in whole
+/// (one allocation per second, not one per commit or append); the control thread reads
+/// whatever was published last, so a series may lag its partition by up to a second.
+#[derive(Default)]
+pub struct Published {
+    pub partitions: ArcSwap<Vec<PartitionOffsets>>,
+    pub groups: ArcSwap<Vec<GroupSample>>,
 }
 
 /// One topic's traffic through one shard (Kafka's BrokerTopicMetrics: BytesIn, MessagesIn,
@@ -107,6 +145,7 @@ impl Default for ShardProbe {
             fetch_latency: LatencyProbe::default(),
             topics: TopicTraffic::default(),
             storage: Arc::default(),
+            published: Published::default(),
         }
     }
 }

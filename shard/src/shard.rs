@@ -539,6 +539,54 @@ impl Shard {
         }
     }
 
+    /// Publishes the offsets of the partitions this shard leads for `/metrics` (see
+    /// [`crate::probe::Published`]): read from the open logs; a partition whose log the
+    /// open-file budget closed keeps the offsets last published while this shard still leads
+    /// it (nothing was written since: a write would have reopened it).
+    pub fn publish_partition_offsets(&self) {
+        use crate::probe::PartitionOffsets;
+        let limit = self.config.metrics_partition_series_limit;
+        let previous = self.probe.published.partitions.load();
+        if limit == 0 {
+            if !previous.is_empty() {
+                self.probe.published.partitions.store(Arc::default());
+            }
+            return;
+        }
+        let snapshot = self.catalog.snapshot();
+        let mut out: Vec<PartitionOffsets> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for ((id, p), slot) in self.partitions.borrow().iter() {
+            let (Some(topic), Some(log)) = (snapshot.by_id(*id), slot.log.borrow().clone()) else {
+                continue;
+            };
+            if !self.serves(&topic.name, *p) || out.len() >= limit {
+                continue;
+            }
+            seen.insert((topic.name.clone(), *p));
+            out.push(PartitionOffsets {
+                topic: Arc::from(topic.name.as_str()),
+                partition: *p,
+                log_start: log.log_start_offset(),
+                high_watermark: log.high_watermark(),
+            });
+        }
+        for old in previous.iter() {
+            let led = snapshot
+                .get(&old.topic)
+                .is_some_and(|t| old.partition < t.partitions)
+                && self.owner_of(&old.topic, old.partition) == self.id
+                && self.serves(&old.topic, old.partition);
+            if led && out.len() < limit && !seen.contains(&(old.topic.to_string(), old.partition)) {
+                out.push(old.clone());
+            }
+        }
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        if out != **previous {
+            self.probe.published.partitions.store(Arc::new(out));
+        }
+    }
+
     /// Closes every open partition of a topic on this shard (DeleteTopics); the caller removes
     /// the directory once all shards have done so.
     pub async fn close_topic(&self, topic_id: Uuid) {

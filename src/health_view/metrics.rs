@@ -88,6 +88,7 @@ impl HealthView {
         self.register_admission(&mut registry);
         self.register_shards(&mut registry);
         self.register_storage(&mut registry);
+        self.register_offsets(&mut registry);
         self.register_cluster(&mut registry);
         register_process(&mut registry, self.started);
         registry

@@ -189,6 +189,7 @@ impl HealthSource for HealthView {
 }
 
 mod metrics;
+mod offsets;
 
 #[cfg(test)]
 mod tests {
@@ -220,8 +221,8 @@ mod tests {
             .encode(&view.metrics())
             .unwrap();
         let open = MetricsFormat::OpenMetrics.encode(&view.metrics()).unwrap();
-        assert_eq!(classic.matches("# TYPE ").count(), 52, "{classic}");
-        assert_eq!(open.matches("# TYPE ").count(), 52, "{open}");
+        assert_eq!(classic.matches("# TYPE ").count(), 54, "{classic}");
+        assert_eq!(open.matches("# TYPE ").count(), 54, "{open}");
         // A single node is its own controller and only broker, its fence open.
         for series in [
             "kaas_controller_active 1\n",

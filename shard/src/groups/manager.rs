@@ -310,6 +310,39 @@ impl GroupManager {
         out
     }
 
+    /// The groups this shard coordinates, for `/metrics` (see [`crate::probe::Published`]);
+    /// at most `limit` committed offsets in all (the cardinality guard).
+    pub fn samples(&self, limit: usize) -> Vec<crate::probe::GroupSample> {
+        let mut left = limit;
+        let mut out: Vec<crate::probe::GroupSample> = self
+            .groups
+            .borrow()
+            .values()
+            .map(|g| {
+                let k = g.kind.borrow();
+                let offsets = g.offsets.borrow();
+                let committed: Vec<(String, i32, i64)> = offsets
+                    .iter()
+                    .flat_map(|(t, parts)| {
+                        parts.iter().map(move |(p, c)| (t.clone(), *p, c.offset))
+                    })
+                    .take(left)
+                    .collect();
+                left -= committed.len();
+                crate::probe::GroupSample {
+                    group: g.id.clone(),
+                    group_type: k.type_name(),
+                    state: k.state_name(),
+                    members: k.member_count() as u64,
+                    rebalances: k.rebalances(),
+                    committed,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.group.cmp(&b.group));
+        out
+    }
+
     /// Opens (creating on disk if needed) the group's offset log.
     async fn log_of(&self, group: &Rc<Group>) -> Result<Rc<OffsetLog>, GroupError> {
         if let Some(l) = group.log.borrow().as_ref() {
