@@ -5,7 +5,9 @@ No Kubernetes cluster or Docker engine runs here, so the chart is rendered with 
 (and `helm lint`), every rendered object is validated offline against the Kubernetes schemas
 (`kubernetes-validate --strict`), and the rendered objects are asserted on. The seccomp profile
 and the memlock sizing are exercised for real: the kaas binary is started under the profile
-(loaded with libseccomp) and as a non-root user with a pod-like RLIMIT_MEMLOCK.
+(loaded with libseccomp) and as a non-root user with a pod-like RLIMIT_MEMLOCK. The chart's
+hooks (issue 15) run for real too: the `helm test` pod's script and the topic Job's script are
+taken from the rendering and run against a kaas broker on loopback.
 
 Tools come from scripts/install-deploy-deps.sh (CI runs it). Without it and without helm on
 PATH the chart tests skip; once the script has run, a missing tool fails them.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import json
 import os
 import re
@@ -50,6 +53,7 @@ SCENARIOS = {
     "default": [],
     "cluster": ["-f", str(CHART / "ci" / "cluster-values.yaml")],
     "nodeport": ["-f", str(CHART / "ci" / "nodeport-values.yaml")],
+    "options": ["-f", str(CHART / "ci" / "options-values.yaml")],
 }
 
 
@@ -142,6 +146,50 @@ def broker_container(docs: list[dict]) -> dict:
 
 def env_of(container: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def pod_templates(docs: list[dict]) -> dict[str, dict]:
+    """The metadata of every pod the rendering creates, by "<kind>/<name>": the templates of
+    StatefulSets, DaemonSets and Jobs, and bare Pods (the helm test hook)."""
+    pods = {}
+    for d in docs:
+        key = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "Pod":
+            pods[key] = d["metadata"]
+        elif d["kind"] in ("StatefulSet", "DaemonSet", "Job"):
+            pods[key] = d["spec"]["template"]["metadata"]
+    return pods
+
+
+def selected_pods(docs: list[dict], match_labels: dict) -> list[str]:
+    """The rendered pods a matchLabels selector picks."""
+    return sorted(k for k, meta in pod_templates(docs).items()
+                  if match_labels.items() <= meta.get("labels", {}).items())
+
+
+def hook(docs: list[dict], kind: str, event: str) -> dict:
+    (found,) = [d for d in docs if d["kind"] == kind and
+                event in d["metadata"].get("annotations", {}).get("helm.sh/hook", "").split(",")]
+    return found
+
+
+def kube_expand(text: str, env: dict) -> str:
+    """What the kubelet does to a container's command: "$$" becomes "$", "$(NAME)" becomes the
+    value of the container's variable NAME, and an unknown "$(NAME)" stays as written."""
+    def one_ref(m):
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", one_ref, text)
+
+
+def validate_k8s(text: str, path: Path) -> None:
+    """Strict validation of a rendering against the Kubernetes schemas of K8S_VERSIONS."""
+    path.write_text(text)
+    for version in K8S_VERSIONS:
+        p = subprocess.run([*kubernetes_validate_cmd(), "--strict", "--quiet", "-k", version,
+                            str(path)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"{path.name} against {version}:\n{p.stdout}\n{p.stderr}"
 
 
 def port_number(container: dict, port) -> int:
@@ -487,6 +535,313 @@ def test_external_access_per_broker():
     assert _external_address(c, "kaas-0") == "192.0.2.7:31190"
     assert _external_address(c, "kaas-3") == "192.0.2.7:31193"
     assert "advertisedHostPattern" in render_fails("--set", "external.enabled=true")
+
+
+def test_client_service_load_balancer_ip_and_node_port():
+    """The client Service takes loadBalancerIP and a Kafka node port where its type has them, sparing per-broker node ports."""
+    client = one(render("options"), "Service", "kaas")
+    assert client["spec"]["type"] == "LoadBalancer"
+    assert client["spec"]["loadBalancerIP"] == "192.0.2.10"
+    assert client["spec"]["ports"] == [{"name": "kafka", "port": 9092, "targetPort": "kafka",
+                                        "nodePort": 30092}]
+    client = one(render("default", "--set", "service.type=NodePort",
+                        "--set", "service.nodePorts.kafka=30100"), "Service", "kaas")
+    assert client["spec"]["ports"][0]["nodePort"] == 30100
+    assert "loadBalancerIP" not in client["spec"]
+    client = one(render("default"), "Service", "kaas")
+    assert "nodePort" not in client["spec"]["ports"][0] and "loadBalancerIP" not in client["spec"]
+    assert "service.type=LoadBalancer" in render_fails("--set", "service.loadBalancerIP=192.0.2.10")
+    assert "NodePort or LoadBalancer" in render_fails("--set", "service.nodePorts.kafka=30100")
+    assert "/service/nodePorts" in render_fails("--set", "service.nodePorts.kafka=70000")
+    # Per-broker node ports (31190 + ordinal in the nodeport scenario) stay theirs.
+    err = render_fails(*SCENARIOS["nodeport"], "--set", "service.type=NodePort",
+                       "--set", "service.nodePorts.kafka=31190")
+    assert "external.nodePortBase=31190" in err
+    docs = render("nodeport", "--set", "service.type=NodePort", "--set", "service.nodePorts.kafka=31090")
+    assert one(docs, "Service", "kaas")["spec"]["ports"][0]["nodePort"] == 31090
+    (ext,) = [d for d in docs if d["metadata"]["name"].endswith("-external")]
+    assert ext["spec"]["ports"][0]["nodePort"] == 31190
+    assert _external_address(broker_container(docs), "kaas-0") == "192.0.2.7:31190"
+
+
+# -- options: labels, pass-through lists, image digest, network policy, PodMonitor ----------------
+
+
+NETWORK_POLICY = ("--set", "networkPolicy.enabled=true")
+TOPIC = ("--set", "topics[0].name=orders", "--set", "topics[0].partitions=3")
+# Every optional object on, so every kind the chart can render is checked.
+ALL_OBJECTS = (*MONITORING, *NETWORK_POLICY, *TOPIC)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_common_labels_on_every_object_and_pod(scenario):
+    """commonLabels reach every object and pod template, and cannot override the labels that selectors match."""
+    plain = render(scenario, *ALL_OBJECTS)
+    docs = render(scenario, *ALL_OBJECTS, "--set", "commonLabels.owner=team-streams",
+                  "--set", r"commonLabels.app\.kubernetes\.io/name=someone-else")
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == \
+        [(d["kind"], d["metadata"]["name"]) for d in plain]
+    assert {"ServiceMonitor", "NetworkPolicy", "Job", "Pod", "ConfigMap"} <= {d["kind"] for d in docs}
+    for d in docs:
+        labels = d["metadata"]["labels"]
+        assert labels["owner"] == "team-streams", (d["kind"], d["metadata"]["name"])
+        assert labels["app.kubernetes.io/name"] == "kaas", (d["kind"], d["metadata"]["name"])
+    for key, meta in pod_templates(docs).items():
+        assert meta["labels"]["owner"] == "team-streams", key
+        assert meta["labels"]["app.kubernetes.io/name"] == "kaas", key
+    assert all("owner" not in d["metadata"]["labels"] for d in plain)
+    # The selectors still pick the same pods as without commonLabels.
+    for d in docs:
+        if d["kind"] in ("StatefulSet", "DaemonSet", "PodDisruptionBudget"):
+            sel = d["spec"]["selector"]["matchLabels"]
+        elif d["kind"] == "Service":
+            # the StatefulSet controller adds the pod-name label that per-broker Services use
+            sel = {k: v for k, v in d["spec"]["selector"].items()
+                   if k != "statefulset.kubernetes.io/pod-name"}
+        else:
+            continue
+        assert selected_pods(docs, sel) == selected_pods(plain, sel) != [], d["metadata"]["name"]
+    # Pod labels of the user's cannot take over the chart's either.
+    sts = one(render(scenario, "--set", "podLabels.app\\.kubernetes\\.io/component=x",
+                     "--set", "podLabels.tier=data"), "StatefulSet")
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels["tier"] == "data" and labels["app.kubernetes.io/component"] == "broker"
+    assert "/commonLabels/team" in render_fails("--set", "commonLabels.team[0]=a")
+
+
+def test_extra_volumes_init_containers_and_sidecars_pass_through():
+    """extraVolumes, extraVolumeMounts, initContainers and sidecars land unchanged in the broker pod."""
+    values = yaml.safe_load((CHART / "ci" / "options-values.yaml").read_text())
+    docs = render("options")
+    pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    assert pod["volumes"][2:] == values["extraVolumes"]
+    assert [v["name"] for v in pod["volumes"][:2]] == ["data", "tmp"]
+    c = broker_container(docs)
+    assert c["volumeMounts"][2:] == values["extraVolumeMounts"]
+    assert pod["initContainers"] == values["initContainers"]
+    assert pod["containers"][0]["name"] == "kaas"
+    assert pod["containers"][1:] == values["sidecars"]
+    pod = one(render("default"), "StatefulSet")["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and [c["name"] for c in pod["containers"]] == ["kaas"]
+    assert [v["name"] for v in pod["volumes"]] == ["data", "tmp"]
+    assert "/sidecars/0" in render_fails("--set", "sidecars={log-shipper}")
+
+
+def test_image_digest_replaces_the_tag():
+    """image.digest pins the broker and installer images to repository@digest, whatever the tag says."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    for args in ([], ["--set", "image.tag=latest"]):
+        docs = render("default", "--set", f"image.digest={digest}", *args)
+        assert broker_container(docs)["image"] == f"kaas@{digest}"
+        (inst,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        assert inst["image"] == f"kaas@{digest}"
+    assert broker_container(render("default"))["image"] == "kaas:0.1.0"
+    assert broker_container(render("options"))["image"].startswith("registry.example.com/kaas@sha256:")
+    assert "/image/digest" in render_fails("--set", "image.digest=0.1.0")
+
+
+def test_network_policy_limits_heartbeats_to_the_brokers(tmp_path):
+    """The NetworkPolicy opens the Kafka and health ports, leaves egress open, and admits only brokers to heartbeats."""
+    assert not [d for d in render("cluster", *TOPIC) if d["kind"] == "NetworkPolicy"]
+    validate_k8s(rendered_text("cluster", (*NETWORK_POLICY, *TOPIC)), tmp_path / "cluster-networkpolicy.yaml")
+    docs = render("cluster", *NETWORK_POLICY, *TOPIC)
+    np = one(docs, "NetworkPolicy")
+    sts = one(docs, "StatefulSet")
+    c = broker_container(docs)
+    assert np["spec"]["podSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+    assert np["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: no Egress type
+    rules = {}
+    for rule in np["spec"]["ingress"]:
+        assert rule.get("ports"), "a rule without ports would open every port"
+        for p in rule["ports"]:
+            assert p["protocol"] == "TCP" and p["port"] not in rules
+            rules[port_number(c, p["port"])] = rule.get("from")
+    assert rules.keys() == {9092, 8080, 9094}
+    assert rules[9092] is None and rules[8080] is None  # from anywhere
+    (peer,) = rules[9094]
+    assert peer.keys() == {"podSelector"}  # no namespaceSelector or ipBlock: this namespace only
+    assert peer["podSelector"].keys() == {"matchLabels"}
+    # Among every pod the chart renders (brokers, installer, helm test, topic Job), the heartbeat
+    # rule admits the brokers alone.
+    assert selected_pods(docs, peer["podSelector"]["matchLabels"]) == ["StatefulSet/kaas"]
+    assert len(pod_templates(docs)) == 4
+    # single-node mode has no heartbeat port to open
+    np = one(render("default", "--set", "networkPolicy.enabled=true"), "NetworkPolicy")
+    assert [p["port"] for r in np["spec"]["ingress"] for p in r["ports"]] == [9092, 8080]
+    # allowedClients: those peers, plus this release's own pods (the hooks connect too)
+    docs = render("options")
+    np = one(docs, "NetworkPolicy")
+    kafka_rule = [r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == 9092][0]
+    assert kafka_rule["from"][0] == {"namespaceSelector": {"matchLabels": {"kaas-client": "true"}}}
+    own = kafka_rule["from"][1]["podSelector"]["matchLabels"]
+    assert {"Pod/kaas-test-produce-consume", "Job/kaas-topics", "StatefulSet/kaas"} <= \
+        set(selected_pods(docs, own))
+
+
+@pytest.mark.parametrize("scenario", ["default", "cluster"])
+def test_pod_monitor_scrapes_the_broker_pods(scenario):
+    """metrics.podMonitor scrapes exactly the broker pods' health port as job "kaas", never beside the ServiceMonitor."""
+    docs = render(scenario, "--set", "metrics.podMonitor.enabled=true",
+                  "--set", "metrics.podMonitor.labels.release=kube-prometheus-stack",
+                  *NETWORK_POLICY, *TOPIC)
+    assert not [d for d in docs if d["kind"] == "ServiceMonitor"]
+    pm = one(docs, "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["streaming"]}
+    assert selected_pods(docs, pm["spec"]["selector"]["matchLabels"]) == ["StatefulSet/kaas"]
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert port_number(broker_container(docs), endpoint["port"]) == 8080
+    assert endpoint["path"] == "/metrics"
+    assert {"targetLabel": "job", "replacement": "kaas"} in endpoint["relabelings"]
+    assert not [d for d in render(scenario) if d["kind"] == "PodMonitor"]
+    err = render_fails("--set", "metrics.podMonitor.enabled=true", "--set", "metrics.serviceMonitor.enabled=true")
+    assert "scraped twice" in err
+
+
+# -- hooks: helm test and the topic Job, run against a real broker ---------------------------------
+
+
+def _hook_script(container: dict, bootstrap: str) -> tuple[list[str], dict]:
+    """A hook container's command as the kubelet would run it, with the bootstrap address of a
+    local broker in place of the client Service's: (argv, environment)."""
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["BOOTSTRAP_SERVERS"] == "kaas.streaming.svc:9092"
+    env["BOOTSTRAP_SERVERS"] = bootstrap
+    argv = [kube_expand(a, env) for a in container["command"]]
+    assert argv[:2] == ["/bin/sh", "-ec"]
+    return argv, env
+
+
+def _run_hook(argv: list[str], env: dict, path_prefix: str = "") -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    if path_prefix:
+        full_env["PATH"] = f"{path_prefix}:{os.environ['PATH']}"
+    return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=420,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_helm_test_hook_produces_and_consumes_through_a_broker(broker_factory):
+    """The `helm test` pod's script, run unchanged against a real broker, produces a record and reads it back."""
+    if shutil.which("kcat") is None:
+        pytest.skip("kcat not installed")
+    docs = render("default")
+    pod = hook(docs, "Pod", "test")
+    client = one(docs, "Service", "kaas")
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "edenhill/kcat:1.7.1"
+    assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["activeDeadlineSeconds"] > 0
+    # it bootstraps from the client Service
+    assert env_of(c)["BOOTSTRAP_SERVERS"] == \
+        f"{client['metadata']['name']}.streaming.svc:{client['spec']['ports'][0]['port']}"
+    pinned = hook(render("default", "--set", "tests.image.repository=mirror.example.com/kcat",
+                         "--set", "tests.image.tag=1.7.0"), "Pod", "test")
+    assert pinned["spec"]["containers"][0]["image"] == "mirror.example.com/kcat:1.7.0"
+    assert not [d for d in render("default", "--set", "tests.enabled=false") if d["kind"] == "Pod"]
+
+    from kcheck import rdkafka_read_all
+    broker = broker_factory()
+    argv, env = _hook_script(c, broker.bootstrap)
+    values = []
+    for run in range(2):  # a second run must find its own record, not the first one's
+        p = _run_hook(argv, env)
+        assert p.returncode == 0, f"run {run}:\n{p.stdout}\n{p.stderr}"
+        assert "consumed it back" in p.stdout, p.stdout
+        (line,) = [l for l in p.stdout.splitlines() if l.startswith("produced to ")]
+        values.append(line.split(": ", 1)[1].encode())
+    assert values[0] != values[1]
+    records, _ = rdkafka_read_all(broker.bootstrap, env["TOPIC"], 1, timeout=60)
+    assert [v for _, _, _, v in records] == values
+
+
+def _topic_state(bootstrap: str, names: list[str]) -> dict:
+    """{topic: (partition count, {config: value} of the topic's own configs)} read from the broker."""
+    from confluent_kafka.admin import ConfigResource, ConfigSource
+    from kcheck import admin
+    a = admin(bootstrap)
+    md = a.list_topics(timeout=20)
+    state = {}
+    for name in names:
+        if name not in md.topics:
+            continue
+        res = ConfigResource(ConfigResource.Type.TOPIC, name)
+        configs = a.describe_configs([res])[res].result(20)
+        own = {k: e.value for k, e in configs.items()
+               if e.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value}
+        state[name] = (len(md.topics[name].partitions), own)
+    return state
+
+
+def test_topics_job_reconciles_a_broker_idempotently(broker_factory, kafka_libs, tmp_path):
+    """The topic Job's script, run unchanged with Kafka's CLI tools, creates, grows and configures topics idempotently."""
+    docs = render("options")
+    job = hook(docs, "Job", "post-install")
+    assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"post-install", "post-upgrade"}
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "apache/kafka:4.1.0"
+    assert hook(render("options", "--set", "topicsJob.image.tag=4.0.1"), "Job", "post-install")[
+        "spec"]["template"]["spec"]["containers"][0]["image"] == "apache/kafka:4.0.1"
+    assert not [d for d in render("default") if d["kind"] == "Job"]
+    assert "declared twice" in render_fails("--set", "topics[0].name=a", "--set", "topics[0].partitions=1",
+                                            "--set", "topics[1].name=a", "--set", "topics[1].partitions=2")
+    assert "/topics/0/name" in render_fails("--set", "topics[0].name=a b", "--set", "topics[0].partitions=1")
+
+    # The rendered script calls kafka-topics.sh and kafka-configs.sh from PATH, as in the image;
+    # here they are the same tools run from the fetched jars.
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for tool in ("kafka-topics", "kafka-configs"):
+        shim = shims / f"{tool}.sh"
+        shim.write_text(f'#!/bin/sh\nexec {REPO / "scripts" / "kafka-tool.sh"} {tool} "$@"\n')
+        shim.chmod(0o755)
+
+    from kcheck import create_topic
+    broker = broker_factory()
+    # Exists before the first run, with fewer partitions than declared and a config of its own.
+    create_topic(broker.bootstrap, "payments", 2, {"retention.bytes": "1048576"})
+    names = ["orders", "audit.log", "payments"]
+    serial = itertools.count()
+
+    def run(topics: list[dict]) -> subprocess.CompletedProcess:
+        # a file per run: renderings are cached by their arguments
+        values = tmp_path / f"topics-{next(serial)}.yaml"
+        values.write_text(yaml.safe_dump({"topics": topics}))
+        job = hook(render("options", "-f", str(values)), "Job", "post-install")
+        argv, env = _hook_script(job["spec"]["template"]["spec"]["containers"][0], broker.bootstrap)
+        return _run_hook(argv, env, path_prefix=str(shims))
+
+    topics = [
+        {"name": "orders", "partitions": 3,
+         "config": {"retention.ms": 604800000, "cleanup.policy": "compact,delete"}},
+        {"name": "audit.log", "partitions": 1},
+        {"name": "payments", "partitions": 4, "config": {"max.message.bytes": 2097152}},
+    ]
+    want = {
+        "orders": (3, {"retention.ms": "604800000", "cleanup.policy": "compact,delete"}),
+        "audit.log": (1, {}),
+        "payments": (4, {"retention.bytes": "1048576", "max.message.bytes": "2097152"}),
+    }
+    p = run(topics)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    assert "topic payments: partitions raised from 2 to 4" in p.stdout, p.stdout
+    assert _topic_state(broker.bootstrap, names) == want
+
+    p = run(topics)  # again: nothing to create or raise, and the state is the same
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    assert "Created topic" not in p.stdout and "raised" not in p.stdout, p.stdout
+    assert _topic_state(broker.bootstrap, names) == want
+
+    topics[0] = {"name": "orders", "partitions": 5,
+                 "config": {"retention.ms": 86400000, "cleanup.policy": "compact,delete"}}
+    want["orders"] = (5, {"retention.ms": "86400000", "cleanup.policy": "compact,delete"})
+    p = run(topics)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    assert "topic orders: partitions raised from 3 to 5" in p.stdout, p.stdout
+    assert _topic_state(broker.bootstrap, names) == want
+
+    topics[0]["partitions"] = 2
+    p = run(topics)
+    assert p.returncode != 0
+    assert "topic orders has 5 partitions, more than the 2 asked for" in p.stderr, p.stderr
+    assert _topic_state(broker.bootstrap, names) == want
 
 
 # -- the image definition ------------------------------------------------------------------------------

@@ -23,12 +23,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: broker
 {{- end -}}
 
-{{- define "kaas.labels" -}}
+{{- define "kaas.standardLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: {{ include "kaas.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Labels of an object or a pod template, called with (dict "ctx" $ "user" {...} "own" {...}).
+     Later sources win: commonLabels, then `user` (labels the user set for this object, such as
+     podLabels), then the chart's standard labels, then `own` (the chart's labels for this object,
+     e.g. its component). Selectors match the chart's labels, so neither commonLabels nor
+     podLabels can detach a pod from its StatefulSet or Service. Rendered as one map, so a key
+     set in two places appears once. "minimal": true keeps only name and instance of the
+     standard labels, for a pod template that should not roll when the chart version changes. */}}
+{{- define "kaas.labelsWith" -}}
+{{- $labels := dict -}}
+{{- $chart := include "kaas.standardLabels" .ctx | fromYaml -}}
+{{- if .minimal }}{{ $chart = pick $chart "app.kubernetes.io/name" "app.kubernetes.io/instance" }}{{ end -}}
+{{- range $source := list .ctx.Values.commonLabels .user $chart .own -}}
+{{- range $k, $v := $source -}}
+{{- $_ := set $labels $k (toString $v) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{- define "kaas.labels" -}}
+{{- include "kaas.labelsWith" (dict "ctx" .) -}}
 {{- end -}}
 
 {{- define "kaas.serviceAccountName" -}}
@@ -39,12 +62,42 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The broker image: repository@digest when a digest is set (immutable; the tag is then
+     ignored), else repository:tag. */}}
 {{- define "kaas.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- $tag := toString (default .Chart.AppVersion .Values.image.tag) -}}
 {{- if or (eq $tag "latest") (eq $tag "") -}}
 {{- fail "image.tag must name a version (not \"latest\"): rolling upgrades are driven by tag changes" -}}
 {{- end -}}
 {{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* host:port of the client Service, what in-cluster clients (the hooks too) bootstrap from. */}}
+{{- define "kaas.bootstrap" -}}
+{{- $host := printf "%s.%s.svc" (include "kaas.fullname" .) .Release.Namespace -}}
+{{- if .Values.clusterDomain }}{{ $host = printf "%s.%s" $host .Values.clusterDomain }}{{ end -}}
+{{- printf "%s:%d" $host (int .Values.ports.kafka) -}}
+{{- end -}}
+
+{{/* A config value as Kafka reads it: YAML numbers arrive as float64, and 536870912 would
+     print as 5.36870912e+08; whole numbers print as integers, fractions as they are. */}}
+{{- define "kaas.configValue" -}}
+{{- if and (kindIs "float64" .) (eq . (float64 (int64 .))) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One single-quoted shell word for a script in a container command: "'" is closed, escaped and
+     reopened, and every "$" is doubled because the kubelet expands "$(VAR)" in commands (and
+     turns "$$" back into "$"). */}}
+{{- define "kaas.shellWord" -}}
+{{- printf "'%s'" (replace "'" "'\\''" (toString .)) | replace "$" "$$" -}}
 {{- end -}}
 
 {{/* Bytes glommio registers for one ring: page-aligned, at least 64 KiB. */}}
@@ -122,5 +175,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- if not (has .Values.podAntiAffinity (list "hard" "soft" "none")) -}}
 {{- fail "podAntiAffinity must be hard, soft or none" -}}
+{{- end -}}
+{{- if and .Values.service.loadBalancerIP (ne .Values.service.type "LoadBalancer") -}}
+{{- fail "service.loadBalancerIP needs service.type=LoadBalancer" -}}
+{{- end -}}
+{{- with .Values.service.nodePorts.kafka -}}
+{{- if eq $.Values.service.type "ClusterIP" -}}
+{{- fail "service.nodePorts.kafka needs service.type NodePort or LoadBalancer" -}}
+{{- end -}}
+{{- $base := int $.Values.external.nodePortBase -}}
+{{- if and $.Values.external.enabled (eq $.Values.external.type "NodePort") (ge (int .) $base) (lt (int .) (add $base (int $.Values.replicaCount))) -}}
+{{- fail (printf "service.nodePorts.kafka=%d is one of the per-broker node ports of external access (external.nodePortBase=%d + ordinal): pick another" (int .) $base) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled -}}
+{{- fail "enable one of metrics.serviceMonitor and metrics.podMonitor: with both, every broker is scraped twice as job \"kaas\"" -}}
+{{- end -}}
+{{- $names := list -}}
+{{- range .Values.topics -}}
+{{- if has .name $names -}}
+{{- fail (printf "topics: %q is declared twice" .name) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
 {{- end -}}
 {{- end -}}
