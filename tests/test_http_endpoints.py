@@ -126,6 +126,7 @@ FAMILIES = {
     "kaas_shard_alive": "gauge",
     "kaas_produce_latency_seconds": "histogram",
     "kaas_fetch_latency_seconds": "histogram",
+    "kaas_request_duration_seconds": "histogram",
     # the log engine (issue 15): group commit, rolls, retention, compaction
     "kaas_log_sync_duration_seconds": "histogram",
     "kaas_log_syncs_total": "counter",
@@ -273,6 +274,31 @@ def test_partition_and_group_offsets_give_the_lag(broker_factory):
         live.close()
 
 
+def test_request_phases_and_error_codes_by_api(broker_factory):
+    """Per API an operator sees where requests spend their time (queue, process and send
+    histograms: Kafka's RequestMetrics) and which error codes responses carried, by Kafka's
+    names: three produces to a partition that does not exist count UNKNOWN_TOPIC_OR_PARTITION
+    three times under Produce. Before, only a count of requests that failed inside the broker
+    existed."""
+    import kwire
+    b = broker_factory()
+    create_topic(b.bootstrap, "one", 1)
+    ranges = kwire.api_versions(b)
+    version = kwire.pick_produce_version(ranges)
+    with kwire.connect(b) as s:
+        for corr in range(3):
+            s.sendall(kwire.produce_request(version, corr, "one", 7,
+                                            kwire.record_batch([(b"k", b"v")])))
+            _, _, _, err, _ = kwire.parse_produce_response(version, kwire.recv_frame(s))
+            assert err == 3, err
+    errors = labelled(b, "kaas_response_errors_total")
+    assert errors.get('{api="Produce",error="UNKNOWN_TOPIC_OR_PARTITION"}') == 3, errors
+    counts = labelled(b, "kaas_request_duration_seconds_count")
+    for phase in ("queue", "process", "send"):
+        assert counts[f'{{api="Produce",phase="{phase}"}}'] == 3, (phase, counts)
+    assert counts['{api="Metadata",phase="process"}'] >= 1, counts
+
+
 def test_per_partition_series_stop_at_the_limit_and_say_so_once(broker_factory):
     """Thousands of partitions must not swamp Prometheus: past
     --metrics-partition-series-limit the per-partition series are left out, the count left out
@@ -297,9 +323,10 @@ def test_per_partition_series_stop_at_the_limit_and_say_so_once(broker_factory):
     assert b.log_text().count("more per-partition series than") == 1, b.log_text()[-2000:]
 
 
-# Families whose series exist only per led partition or coordinated group: absent (by
-# prometheus-client's rule for a family without series) until there is one.
+# Families whose series exist only per led partition, coordinated group or error seen: absent
+# (by prometheus-client's rule for a family without series) until there is one.
 PER_PARTITION_FAMILIES = {
+    "kaas_response_errors_total": "counter",
     "kaas_partition_start_offset": "gauge",
     "kaas_partition_end_offset": "gauge",
     "kaas_group_committed_offset": "gauge",

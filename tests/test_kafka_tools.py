@@ -326,3 +326,19 @@ def test_quota_scram_and_reassignment_tools_answer_empty(broker, kafka_libs):
     r = kafka_tool("kafka-reassign-partitions", "--bootstrap-server", broker.bootstrap, "--list")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "No partition reassignments found" in r.stdout, r.stdout
+
+
+def test_kafka_features_describes_the_group_protocol(broker, kafka_libs):
+    """kafka-features describe (Admin.describeFeatures, read from ApiVersions) names what the
+    broker supports: group.version finalized at 1, KIP-848's consumer group protocol, which
+    every kaas broker serves. Before, it listed no feature at all."""
+    if broker.kind != "kaas":
+        pytest.skip("the feature levels asserted are kaas's")
+    r = kafka_tool("kafka-features", "--bootstrap-server", broker.bootstrap, "describe")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("Feature:")]
+    assert len(lines) == 1, r.stdout
+    fields = dict(re.findall(r"(\w+):\s*(\S+)", lines[0]))
+    assert fields["Feature"] == "group.version", fields
+    assert (fields["SupportedMinVersion"], fields["SupportedMaxVersion"]) == ("0", "1"), fields
+    assert fields["FinalizedVersionLevel"] == "1", fields

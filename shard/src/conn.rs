@@ -60,17 +60,17 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
         .connections_total
         .fetch_add(1, Ordering::Relaxed);
     let (reader, writer) = stream.split();
-    let (tx, rx) = local_channel::new_bounded::<Task<Option<ResponseFrame>>>(MAX_IN_FLIGHT);
+    let (tx, rx) = local_channel::new_bounded::<Task<Served>>(MAX_IN_FLIGHT);
     let probe = shard.probe.clone();
     let writer_task = glommio::spawn_local(async move {
         let mut writer = writer;
         let mut broken = false;
         while let Some(task) = rx.recv().await {
-            let response = task.await;
+            let served = task.await;
             if broken {
                 continue;
             }
-            if let Some(frame) = response {
+            if let Some(frame) = served.frame {
                 probe
                     .bytes_out
                     .fetch_add(frame.len() as u64, Ordering::Relaxed);
@@ -80,6 +80,9 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                         break;
                     }
                 }
+            }
+            if let Some((api_key, handled)) = served.handled {
+                probe.record_phase(api_key, SEND, handled);
             }
         }
         let _ = writer.close().await;
@@ -91,6 +94,18 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     writer_task.await;
     shard.probe.connections_open.fetch_sub(1, Ordering::Relaxed);
 }
+
+/// A request's outcome, as the writer gets it: the response to send (none for acks=0) and,
+/// for a request that was handled, its API and when handling ended (the send phase starts).
+struct Served {
+    frame: Option<ResponseFrame>,
+    handled: Option<(i16, Instant)>,
+}
+
+/// Indexes into `crate::probe::PHASES`.
+const QUEUE: usize = 0;
+const PROCESS: usize = 1;
+const SEND: usize = 2;
 
 /// Why a connection is closed by us rather than by the client.
 enum Close {
@@ -119,7 +134,7 @@ impl std::fmt::Display for Close {
 async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     shard: &Rc<Shard>,
     reader: R,
-    tx: &local_channel::LocalSender<Task<Option<ResponseFrame>>>,
+    tx: &local_channel::LocalSender<Task<Served>>,
     client_host: &Rc<str>,
 ) -> Result<(), Close> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
@@ -145,6 +160,7 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
             .probe
             .bytes_in
             .fetch_add((len + FRAME_PREFIX_LEN) as u64, Ordering::Relaxed);
+        let received = Instant::now();
         let decoded = decode_request(body.into_bytes());
         if let Some(effects) = previous_effects.take() {
             // Dropped or fired: both mean the previous request can no longer be overtaken.
@@ -160,7 +176,9 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                 glommio::spawn_local(async move {
                     let started = Instant::now();
                     let api_key = request.api_key;
+                    shard.probe.record_phase(api_key as i16, QUEUE, received);
                     let response = handlers::handle(&shard, request, gate, &client_host).await;
+                    shard.probe.record_phase(api_key as i16, PROCESS, started);
                     if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Produce {
                         shard
                             .probe
@@ -172,7 +190,10 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                             .fetch_latency
                             .record_us(started.elapsed().as_micros() as u64);
                     }
-                    response
+                    Served {
+                        frame: response,
+                        handled: Some((api_key as i16, Instant::now())),
+                    }
                 })
             }
             // KIP-511: a newer ApiVersions than we know gets our ranges, so the client can
@@ -183,7 +204,12 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                 ..
             }) => {
                 let bytes = codec::unsupported_api_versions_response(correlation_id);
-                glommio::spawn_local(async move { Some(ResponseFrame::single(bytes)) })
+                glommio::spawn_local(async move {
+                    Served {
+                        frame: Some(ResponseFrame::single(bytes)),
+                        handled: None,
+                    }
+                })
             }
             // Anything else we cannot parse closes the connection, as Kafka does: there is no
             // way to answer a request whose header we could not read.

@@ -14,6 +14,11 @@ pub const API_KEYS: usize = 96;
 
 pub use kaas_storage::stats::{LatencyProbe, StorageStats, LATENCY_BUCKETS_US};
 
+/// The phases of a request [`ShardProbe::request_phases`] times.
+pub const PHASES: [&str; 3] = ["queue", "process", "send"];
+/// Error-code slots per API in [`ShardProbe::response_errors`]: Kafka 4.4's codes end below.
+pub const ERROR_CODES: usize = 160;
+
 /// What one shard reports about itself.
 pub struct ShardProbe {
     /// Advanced by the shard's own timer every 100 ms: the control thread calls a shard alive
@@ -35,6 +40,14 @@ pub struct ShardProbe {
     pub logs_evicted: AtomicU64,
     pub produce_latency: LatencyProbe,
     pub fetch_latency: LatencyProbe,
+    /// Every request's time by API and [`PHASES`] (Kafka's RequestMetrics): waiting behind
+    /// the connection's previous request, being handled, then waiting for earlier responses
+    /// and being written.
+    pub request_phases: Box<[[LatencyProbe; PHASES.len()]; API_KEYS]>,
+    /// Error codes in responses by API: `[api][code]` for codes `0..ERROR_CODES` (the last
+    /// slot also counts any larger code), `UNKNOWN_SERVER_ERROR` (-1) at index 0, which NONE
+    /// never takes.
+    pub response_errors: Box<[[AtomicU64; ERROR_CODES]; API_KEYS]>,
     /// Bytes and records in, bytes out, by topic.
     pub topics: TopicTraffic,
     /// The log engine's syncs, rolls, retention and compaction on this shard (installed as
@@ -143,6 +156,10 @@ impl Default for ShardProbe {
             logs_evicted: AtomicU64::new(0),
             produce_latency: LatencyProbe::default(),
             fetch_latency: LatencyProbe::default(),
+            request_phases: Box::new(std::array::from_fn(|_| Default::default())),
+            response_errors: Box::new(std::array::from_fn(|_| {
+                std::array::from_fn(|_| AtomicU64::new(0))
+            })),
             topics: TopicTraffic::default(),
             storage: Arc::default(),
             published: Published::default(),
@@ -162,6 +179,25 @@ impl ShardProbe {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }
+    /// Counts one error code of a response to `api_key` (NONE is not an error).
+    pub fn count_response_error(&self, api_key: i16, code: i16) {
+        let slot = match code {
+            0 => return,
+            -1 => 0,
+            c => usize::try_from(c).map_or(0, |c| c.min(ERROR_CODES - 1)),
+        };
+        if let Some(row) = self.response_errors.get(api_key as usize) {
+            row[slot].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a request's `phase` (an index into [`PHASES`]) for `api_key`.
+    pub fn record_phase(&self, api_key: i16, phase: usize, since: std::time::Instant) {
+        if let Some(row) = self.request_phases.get(api_key as usize) {
+            row[phase].record_since(since);
+        }
+    }
+
     pub fn count_error(&self, api_key: i16) {
         if let Some(c) = self.request_errors.get(api_key as usize) {
             c.fetch_add(1, Ordering::Relaxed);

@@ -83,6 +83,7 @@ impl HealthView {
             Info::new([("version", env!("CARGO_PKG_VERSION"))]),
         );
         self.register_requests(&mut registry);
+        self.register_request_detail(&mut registry);
         self.register_traffic(&mut registry);
         self.register_topics(&mut registry);
         self.register_admission(&mut registry);
@@ -95,7 +96,7 @@ impl HealthView {
     }
 
     /// `f` summed over the shards.
-    fn sum(&self, f: impl Fn(&ShardProbe) -> &AtomicU64) -> u64 {
+    pub(super) fn sum(&self, f: impl Fn(&ShardProbe) -> &AtomicU64) -> u64 {
         self.probes
             .iter()
             .map(|p| f(p).load(Ordering::Relaxed))
@@ -621,7 +622,7 @@ fn proc_self_stat() -> Option<(f64, u64)> {
 /// sum of its buckets (not the probes' own count, read at another instant), so the `+Inf`
 /// bucket and `_count` always agree.
 #[derive(Debug)]
-struct LatencyHistogram {
+pub(super) struct LatencyHistogram {
     sum_seconds: f64,
     count: u64,
     /// (upper bound in seconds, observations in this bucket alone), ending with `+Inf`.
@@ -629,7 +630,7 @@ struct LatencyHistogram {
 }
 
 impl LatencyHistogram {
-    fn read<'a>(probes: impl Iterator<Item = &'a LatencyProbe>) -> Self {
+    pub(super) fn read<'a>(probes: impl Iterator<Item = &'a LatencyProbe>) -> Self {
         let mut counts = [0u64; LATENCY_BUCKETS_US.len() + 1];
         let mut sum_us = 0u64;
         for p in probes {

@@ -190,6 +190,7 @@ impl HealthSource for HealthView {
 
 mod metrics;
 mod offsets;
+mod requests;
 
 #[cfg(test)]
 mod tests {
@@ -221,8 +222,8 @@ mod tests {
             .encode(&view.metrics())
             .unwrap();
         let open = MetricsFormat::OpenMetrics.encode(&view.metrics()).unwrap();
-        assert_eq!(classic.matches("# TYPE ").count(), 54, "{classic}");
-        assert_eq!(open.matches("# TYPE ").count(), 54, "{open}");
+        assert_eq!(classic.matches("# TYPE ").count(), 55, "{classic}");
+        assert_eq!(open.matches("# TYPE ").count(), 55, "{open}");
         // A single node is its own controller and only broker, its fence open.
         for series in [
             "kaas_controller_active 1\n",

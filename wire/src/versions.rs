@@ -2,7 +2,9 @@
 //! ApiVersions is built from it and the request decoder refuses anything outside it, so a client
 //! can never negotiate a version we do not handle.
 
-use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::api_versions_response::{
+    ApiVersion, FinalizedFeatureKey, SupportedFeatureKey,
+};
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 
 /// (API, lowest version, highest version) served by this broker.
@@ -64,6 +66,19 @@ pub fn is_supported(api_key: ApiKey, version: i16) -> bool {
     matches!(supported_range(api_key), Some((lo, hi)) if (lo..=hi).contains(&version))
 }
 
+/// The feature flags kaas reports in ApiVersions v3+ (what `kafka-features describe` and
+/// `Admin::describeFeatures` read): (name, highest supported level, finalized level).
+///
+/// Only `group.version` is reported: level 1 is KIP-848's consumer group protocol, which every
+/// kaas broker serves, so it is always finalized at 1. Kafka's other features describe what
+/// kaas does not have (KRaft metadata records, transactions v2, share groups, streams groups,
+/// eligible leader replicas) and are left out rather than reported at a level that would mean
+/// something they do not; a client then treats them as level 0.
+pub const FEATURES: &[(&str, i16, i16)] = &[("group.version", 1, 1)];
+
+/// The epoch of the finalized features: they never change while a broker runs.
+const FINALIZED_FEATURES_EPOCH: i64 = 0;
+
 /// The ApiVersions response body listing every supported range, with `error_code`.
 pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
     let api_keys = SUPPORTED_APIS
@@ -75,9 +90,30 @@ pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
                 .with_max_version(*hi)
         })
         .collect();
+    let supported = FEATURES
+        .iter()
+        .map(|(name, max, _)| {
+            SupportedFeatureKey::default()
+                .with_name(kafka_protocol::protocol::StrBytes::from_static_str(name))
+                .with_min_version(0)
+                .with_max_version(*max)
+        })
+        .collect();
+    let finalized = FEATURES
+        .iter()
+        .map(|(name, _, level)| {
+            FinalizedFeatureKey::default()
+                .with_name(kafka_protocol::protocol::StrBytes::from_static_str(name))
+                .with_min_version_level(*level)
+                .with_max_version_level(*level)
+        })
+        .collect();
     ApiVersionsResponse::default()
         .with_error_code(error_code)
         .with_api_keys(api_keys)
+        .with_supported_features(supported)
+        .with_finalized_features_epoch(FINALIZED_FEATURES_EPOCH)
+        .with_finalized_features(finalized)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 mod admin;
 mod configs;
 mod describe;
+mod error_counts;
 mod fetch;
 mod groups;
 mod log_dirs;
@@ -110,6 +111,9 @@ pub async fn handle(
         RequestKind::Fetch(r) => {
             // Framed by hand so record bytes go to the socket without being copied.
             let out = fetch::fetch(shard, r, version).await;
+            error_counts::each_in_fetch(&out, |code| {
+                shard.probe.count_response_error(api_key as i16, code);
+            });
             return Some(encode_fetch_response(correlation_id, version, &out));
         }
         RequestKind::ListOffsets(r) => {
@@ -212,6 +216,9 @@ pub async fn handle(
             return None;
         }
     };
+    error_counts::each(&response, |code| {
+        shard.probe.count_response_error(api_key as i16, code);
+    });
     match encode_response(correlation_id, api_key, version, &response) {
         Ok(bytes) => Some(ResponseFrame::single(bytes)),
         Err(e) => {
