@@ -36,6 +36,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeClientQuotas, 0, 1),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::ListPartitionReassignments, 0, 0),
+    // kafka-leader-election: a partition's one replica always leads it (handlers/elect.rs).
+    (ApiKey::ElectLeaders, 0, 2),
     // The group coordinator (groups/, shard/src/groups). OffsetCommit and OffsetFetch start where
     // Kafka 4 does (v0/v1 were removed); FindCoordinator v4+ is the batched form.
     (ApiKey::FindCoordinator, 0, 6),
@@ -160,6 +162,7 @@ mod tests {
                 ApiKey::ListPartitionReassignments => {
                     within::<ListPartitionReassignmentsRequest>(*lo, *hi)
                 }
+                ApiKey::ElectLeaders => within::<ElectLeadersRequest>(*lo, *hi),
                 ApiKey::FindCoordinator => within::<FindCoordinatorRequest>(*lo, *hi),
                 ApiKey::JoinGroup => within::<JoinGroupRequest>(*lo, *hi),
                 ApiKey::SyncGroup => within::<SyncGroupRequest>(*lo, *hi),

@@ -58,6 +58,12 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))
         }
         R::ListPartitionReassignments(r) => f(r.error_code),
+        R::ElectLeaders(r) => all(&mut std::iter::once(r.error_code).chain(
+            r.replica_election_results
+                .iter()
+                .flat_map(|t| &t.partition_result)
+                .map(|p| p.error_code),
+        )),
         _ => each_in_group_response(response, f),
     }
 }

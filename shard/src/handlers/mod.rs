@@ -5,6 +5,7 @@
 mod admin;
 mod configs;
 mod describe;
+mod elect;
 mod error_counts;
 mod fetch;
 mod groups;
@@ -149,6 +150,7 @@ pub async fn handle(
         RequestKind::DescribeUserScramCredentials(r) => {
             ResponseKind::DescribeUserScramCredentials(describe::describe_user_scram_credentials(r))
         }
+        RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(elect::elect_leaders(shard, r)),
         RequestKind::ListPartitionReassignments(r) => {
             ResponseKind::ListPartitionReassignments(describe::list_partition_reassignments(r))
         }
