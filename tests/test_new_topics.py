@@ -115,3 +115,23 @@ def test_idempotent_sends_to_a_new_topic_complete_within_a_second(cluster):
                 producer.send(topic, value=b"idempotent_msg").get(timeout=1)
         finally:
             producer.close(timeout=5)
+
+
+@logs_on_failure
+def test_create_partitions_returns_once_the_new_partitions_are_led(cluster):
+    """CreatePartitions, like CreateTopics, answers only once the controller has placed what it
+    added: right after it returns, every broker's Metadata lists the new partitions with
+    leaders. Before, they showed partition-level LEADER_NOT_AVAILABLE until the next round."""
+    from confluent_kafka.admin import NewPartitions, NewTopic
+    c = cluster
+    c.wait_controller()
+    for node in c.nodes:
+        topic = f"grown-via-{node.id}"
+        a = admin(node.bootstrap)
+        a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
+                        request_timeout=30)[topic].result(30)
+        a.create_partitions([NewPartitions(topic, 3)], request_timeout=30)[topic].result(30)
+        for other in c.nodes:
+            error, partitions = metadata(other, topic, auto_create=False)
+            assert check_answer(other, topic, error, partitions), (
+                f"broker {other.id} answered for {topic} without every new partition led")

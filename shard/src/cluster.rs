@@ -65,6 +65,16 @@ impl ClusterState {
             .filter(|m| !leaders.contains_key(&m.topic))
             .map(|m| m.topic.clone())
             .collect();
+        // A partition in handover is placed too, without a leader: its row reaches it.
+        for m in assignment.iter().flat_map(|a| &a.pending) {
+            if let (Some(row), Ok(index)) =
+                (leaders.get_mut(&m.topic), usize::try_from(m.partition))
+            {
+                if row.len() <= index {
+                    row.resize(index + 1, -1);
+                }
+            }
+        }
         Self {
             assignment,
             leaders,
@@ -205,6 +215,20 @@ impl ClusterView {
         }
         let state = self.state.load();
         state.leaders.contains_key(topic) || state.in_handover.contains(topic)
+    }
+
+    /// Whether a controller has placed `topic` with at least `partitions` partitions (after
+    /// CreatePartitions the new ones have no leader until its next file). Always true on a
+    /// single node.
+    pub fn placed_partitions(&self, topic: &str, partitions: i32) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let state = self.state.load();
+        match state.leaders.get(topic) {
+            Some(row) => row.len() >= usize::try_from(partitions).unwrap_or(0),
+            None => state.in_handover.contains(topic),
+        }
     }
 
     /// The rack of the broker leading a partition, for the rack-aware assignor: from the

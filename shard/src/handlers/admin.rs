@@ -85,7 +85,7 @@ pub async fn create_topics(
                 if let Some(m) = &meta {
                     tracing::info!(topic = %name, partitions, id = %m.id, "created topic");
                     r = r.with_topic_id(m.id);
-                    created.push(name.clone());
+                    created.push((name.clone(), partitions));
                 }
                 if version >= 5 {
                     r = r
@@ -105,23 +105,33 @@ pub async fn create_topics(
         }
         results.push(r);
     }
-    wait_placed(shard, &created, timeout.min(PLACEMENT_WAIT_CAP)).await;
+    wait_placed(
+        shard,
+        "CreateTopics",
+        &created,
+        timeout.min(PLACEMENT_WAIT_CAP),
+    )
+    .await;
     CreateTopicsResponse::default().with_topics(results)
 }
 
 /// Waits (at most `timeout`, the request's own) until the controller has placed every topic
-/// in `names`, as Kafka's ZooKeeper-era brokers held CreateTopics until the new partitions had
-/// leaders: a client that produces right after its CreateTopics returned then finds leaders
-/// in Metadata instead of LEADER_NOT_AVAILABLE. On a single node topics are placed at once. A
-/// time-out still answers success: the topic exists, and its leaders follow within a round.
-async fn wait_placed(shard: &Shard, names: &[String], timeout: Duration) {
+/// in `names` with at least its partition count, as Kafka's ZooKeeper-era brokers held
+/// CreateTopics and CreatePartitions until the new partitions had leaders: a client that
+/// produces right after the call returned then finds leaders in Metadata instead of
+/// LEADER_NOT_AVAILABLE. On a single node partitions are placed at once. A time-out still
+/// answers success: the partitions exist, and their leaders follow within a round.
+async fn wait_placed(shard: &Shard, what: &str, names: &[(String, i32)], timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    while names.iter().any(|n| !shard.cluster.placed(n)) {
+    while names
+        .iter()
+        .any(|(n, count)| !shard.cluster.placed_partitions(n, *count))
+    {
         if Instant::now() >= deadline {
             tracing::info!(
                 topics = ?names,
                 timeout_ms = timeout.as_millis() as u64,
-                "CreateTopics answered before the controller placed every new topic"
+                "{what} answered before the controller placed every new partition"
             );
             return;
         }
@@ -214,10 +224,11 @@ async fn delete_topic(shard: &Rc<Shard>, name: &str) -> Result<Arc<TopicMeta>, C
     Ok(meta)
 }
 
-pub fn create_partitions(
+pub async fn create_partitions(
     shard: &Rc<Shard>,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
+    let mut grown = Vec::new();
     let results = req
         .topics
         .iter()
@@ -227,13 +238,26 @@ pub fn create_partitions(
                 .catalog
                 .set_partition_count(t.name.as_str(), t.count, req.validate_only)
             {
-                Ok(_) => r,
+                Ok(_) => {
+                    if !req.validate_only {
+                        grown.push((t.name.to_string(), t.count));
+                    }
+                    r
+                }
                 Err(e) => r
                     .with_error_code(errors::catalog(&e))
                     .with_error_message(Some(s(&e.to_string()))),
             }
         })
         .collect();
+    let timeout = Duration::from_millis(u64::try_from(req.timeout_ms).unwrap_or(0));
+    wait_placed(
+        shard,
+        "CreatePartitions",
+        &grown,
+        timeout.min(PLACEMENT_WAIT_CAP),
+    )
+    .await;
     CreatePartitionsResponse::default().with_results(results)
 }
 

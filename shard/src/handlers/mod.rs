@@ -133,7 +133,7 @@ pub async fn handle(
             ResponseKind::DeleteTopics(admin::delete_topics(shard, r, version).await)
         }
         RequestKind::CreatePartitions(r) => {
-            ResponseKind::CreatePartitions(admin::create_partitions(shard, r))
+            ResponseKind::CreatePartitions(admin::create_partitions(shard, r).await)
         }
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(admin::delete_records(shard, r).await)
