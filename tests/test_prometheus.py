@@ -209,13 +209,18 @@ def test_prometheus_scrapes_a_cluster_and_evaluates_every_rule(make_cluster, tmp
         # the lag rule computes it from the leaders' end offsets and the coordinator's
         # committed offsets (different brokers).
         commit_half(c.bootstrap(), "watchers", "watched", 6, 50)
+        want = [({"__name__": "kaas:group_lag", "group": "watchers"}, 300.0)]
+        last = []
+
         def lag():
-            got = prom.query('kaas:group_lag{group="watchers"}')
-            assert got in ([], [({"__name__": "kaas:group_lag", "group": "watchers"}, 300.0)]), (
-                got, prom.query('kaas_partition_end_offset{topic="watched"}'),
-                prom.query('kaas_group_committed_offset{group="watchers"}'))
-            return got
-        prom.wait(lag, 30, "the lag rule reporting 300 records behind for group watchers")
+            last[:] = [prom.query('kaas:group_lag{group="watchers"}')]
+            return last[0] == want
+
+        try:
+            prom.wait(lag, 30, "the lag rule reporting 300 records behind for group watchers")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nlast lag {last}, end offsets "
+                                 f"{prom.query('kaas_partition_end_offset')}") from None
         assert len(prom.query('kaas_partition_end_offset{job="kaas", topic="watched"}')) == 6
         for expr, title in dashboard_queries():
             prom.wait(lambda: prom.query(expr), 30, f"data for dashboard panel {title!r}: {expr}")

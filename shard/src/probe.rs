@@ -62,6 +62,9 @@ pub struct ShardProbe {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionOffsets {
     pub topic: Arc<str>,
+    /// The topic's id: offsets kept for a closed log must not outlive the topic they were
+    /// read from (a topic deleted and created again under the same name starts at 0).
+    pub topic_id: uuid::Uuid,
     pub partition: i32,
     pub log_start: i64,
     /// The high watermark: the end of what consumers can read, which lag is measured from.
@@ -91,6 +94,8 @@ pub struct GroupSample {
 pub struct Published {
     pub partitions: ArcSwap<Vec<PartitionOffsets>>,
     pub groups: ArcSwap<Vec<GroupSample>>,
+    /// Series the shard left out of what it published, past `--metrics-partition-series-limit`.
+    pub omitted: AtomicU64,
 }
 
 /// One topic's traffic through one shard (Kafka's BrokerTopicMetrics: BytesIn, MessagesIn,

@@ -542,30 +542,32 @@ impl Shard {
     /// Publishes the offsets of the partitions this shard leads for `/metrics` (see
     /// [`crate::probe::Published`]): read from the open logs; a partition whose log the
     /// open-file budget closed keeps the offsets last published while this shard still leads
-    /// it (nothing was written since: a write would have reopened it).
-    pub fn publish_partition_offsets(&self) {
+    /// it (nothing was written since: a write would have reopened it). At most
+    /// `--metrics-partition-series-limit` series (two per partition); returns how many were
+    /// left out.
+    pub fn publish_partition_offsets(&self) -> u64 {
         use crate::probe::PartitionOffsets;
-        let limit = self.config.metrics_partition_series_limit;
+        let entries = self.config.metrics_partition_series_limit / 2;
         let previous = self.probe.published.partitions.load();
-        if limit == 0 {
-            if !previous.is_empty() {
-                self.probe.published.partitions.store(Arc::default());
-            }
-            return;
-        }
         let snapshot = self.catalog.snapshot();
         let mut out: Vec<PartitionOffsets> = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let mut omitted = 0u64;
         for ((id, p), slot) in self.partitions.borrow().iter() {
             let (Some(topic), Some(log)) = (snapshot.by_id(*id), slot.log.borrow().clone()) else {
                 continue;
             };
-            if !self.serves(&topic.name, *p) || out.len() >= limit {
+            if !self.serves(&topic.name, *p) {
                 continue;
             }
-            seen.insert((topic.name.clone(), *p));
+            seen.insert((topic.id, *p));
+            if out.len() >= entries {
+                omitted += 2;
+                continue;
+            }
             out.push(PartitionOffsets {
                 topic: Arc::from(topic.name.as_str()),
+                topic_id: topic.id,
                 partition: *p,
                 log_start: log.log_start_offset(),
                 high_watermark: log.high_watermark(),
@@ -574,17 +576,22 @@ impl Shard {
         for old in previous.iter() {
             let led = snapshot
                 .get(&old.topic)
-                .is_some_and(|t| old.partition < t.partitions)
+                .is_some_and(|t| t.id == old.topic_id && old.partition < t.partitions)
                 && self.owner_of(&old.topic, old.partition) == self.id
                 && self.serves(&old.topic, old.partition);
-            if led && out.len() < limit && !seen.contains(&(old.topic.to_string(), old.partition)) {
-                out.push(old.clone());
+            if led && !seen.contains(&(old.topic_id, old.partition)) {
+                if out.len() < entries {
+                    out.push(old.clone());
+                } else {
+                    omitted += 2;
+                }
             }
         }
         out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
         if out != **previous {
             self.probe.published.partitions.store(Arc::new(out));
         }
+        omitted
     }
 
     /// Closes every open partition of a topic on this shard (DeleteTopics); the caller removes

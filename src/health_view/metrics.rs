@@ -624,7 +624,7 @@ fn proc_self_stat() -> Option<(f64, u64)> {
 #[derive(Debug)]
 pub(super) struct LatencyHistogram {
     sum_seconds: f64,
-    count: u64,
+    pub(super) count: u64,
     /// (upper bound in seconds, observations in this bucket alone), ending with `+Inf`.
     buckets: Vec<(f64, u64)>,
 }

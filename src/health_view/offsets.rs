@@ -87,15 +87,30 @@ impl SeriesBudget {
 }
 
 impl HealthView {
+    /// Partition series and group series each get `--metrics-partition-series-limit`, so
+    /// thousands of led partitions cannot push every committed offset (and with them the lag
+    /// rule) out; each shard applies the same limits to what it publishes, and the broker-wide
+    /// ones apply here.
     pub(super) fn register_offsets(&self, registry: &mut Registry) {
         let limit = self.config.metrics_partition_series_limit;
-        let mut budget = SeriesBudget {
+        let mut partitions = SeriesBudget {
             left: limit,
             omitted: 0,
         };
-        self.register_partition_offsets(registry, &mut budget);
-        self.register_groups(registry, &mut budget);
-        if budget.omitted > 0 && limit > 0 && !LIMIT_LOGGED.swap(true, Ordering::Relaxed) {
+        let mut groups = SeriesBudget {
+            left: limit,
+            omitted: 0,
+        };
+        self.register_partition_offsets(registry, &mut partitions);
+        self.register_groups(registry, &mut groups);
+        let omitted = partitions.omitted
+            + groups.omitted
+            + self
+                .probes
+                .iter()
+                .map(|p| p.published.omitted.load(Ordering::Relaxed))
+                .sum::<u64>();
+        if omitted > 0 && limit > 0 && !LIMIT_LOGGED.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 limit,
                 "more per-partition series than --metrics-partition-series-limit: some partition offsets and committed offsets are left out of /metrics (counted in kaas_metrics_partition_series_omitted); raise the limit if Prometheus can take them"
@@ -104,7 +119,7 @@ impl HealthView {
         registry.register(
             "kaas_metrics_partition_series_omitted",
             "Per-partition series left out by --metrics-partition-series-limit",
-            prometheus_client::metrics::gauge::ConstGauge::new(budget.omitted as i64),
+            prometheus_client::metrics::gauge::ConstGauge::new(omitted as i64),
         );
     }
 
@@ -147,27 +162,28 @@ impl HealthView {
         }
         for probe in &self.probes {
             for g in probe.published.groups.load().iter() {
-                let labels = GroupLabels {
-                    group: g.group.clone(),
-                };
-                members.get_or_create(&labels).set(g.members as i64);
-                rebalances.get_or_create(&labels).inc_by(g.rebalances);
                 by_state
                     .get_or_create(&GroupStateLabels {
                         r#type: g.group_type,
                         state: g.state,
                     })
                     .inc();
+                if !budget.take(2 + g.committed.len()) {
+                    continue;
+                }
+                let labels = GroupLabels {
+                    group: g.group.clone(),
+                };
+                members.get_or_create(&labels).set(g.members as i64);
+                rebalances.get_or_create(&labels).inc_by(g.rebalances);
                 for (topic, partition, offset) in &g.committed {
-                    if budget.take(1) {
-                        committed
-                            .get_or_create(&GroupPartitionLabels {
-                                group: g.group.clone(),
-                                topic: topic.clone(),
-                                partition: *partition,
-                            })
-                            .set(*offset);
-                    }
+                    committed
+                        .get_or_create(&GroupPartitionLabels {
+                            group: g.group.clone(),
+                            topic: topic.clone(),
+                            partition: *partition,
+                        })
+                        .set(*offset);
                 }
             }
         }

@@ -37,8 +37,9 @@ impl Collector for RequestPhases {
         let mut family = encoder.encode_descriptor(
             "kaas_request_duration",
             "Request time by API and phase: queue (behind the connection's previous request), \
-             process (handling; acks=all includes the group-commit sync), send (behind earlier \
-             responses, then written)",
+             process (handling, including what Kafka counts as remote time: the group-commit \
+             sync of acks=all and Fetch's long-poll wait), send (behind earlier responses, then \
+             written)",
             Some(&Unit::Seconds),
             MetricType::Histogram,
         )?;
@@ -49,8 +50,12 @@ impl Collector for RequestPhases {
     }
 }
 
-/// Kafka's name for an error code (`NOT_LEADER_OR_FOLLOWER`), from the codec's variant name.
+/// Kafka's name for an error code (`NOT_LEADER_OR_FOLLOWER`), from the codec's variant name;
+/// `OTHER` for the last slot, which also counts every larger code.
 fn error_name(code: i16) -> String {
+    if usize::try_from(code).is_ok_and(|c| c >= ERROR_CODES - 1) {
+        return "OTHER".to_string();
+    }
     let e = match ResponseError::try_from_code(code) {
         Some(ResponseError::Unknown(_)) | None => return format!("CODE_{code}"),
         Some(e) => e,
@@ -77,7 +82,11 @@ impl HealthView {
                         .iter()
                         .map(|p| &p.request_phases[*key as usize][i]),
                 );
-                phases.push((ApiPhaseLabels { api, phase }, histogram));
+                // Only APIs that were called: 19 series per API and phase would otherwise
+                // be thousands of zeros on every scrape.
+                if histogram.count > 0 {
+                    phases.push((ApiPhaseLabels { api, phase }, histogram));
+                }
             }
         }
         registry.register_collector(Box::new(RequestPhases(phases)));
@@ -118,5 +127,6 @@ mod tests {
         assert_eq!(error_name(-1), "UNKNOWN_SERVER_ERROR");
         assert_eq!(error_name(25), "UNKNOWN_MEMBER_ID");
         assert_eq!(error_name(158), "CODE_158");
+        assert_eq!(error_name(159), "OTHER");
     }
 }

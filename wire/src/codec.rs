@@ -116,8 +116,10 @@ pub fn encode_response(
 /// The answer to an ApiVersions request of a version newer than we know (KIP-511): error
 /// UNSUPPORTED_VERSION and our ranges, in a v0 body with a v0 header, which every client reads.
 pub fn unsupported_api_versions_response(correlation_id: i32) -> Bytes {
-    let body =
-        versions::api_versions_response(kafka_protocol::ResponseError::UnsupportedVersion.code());
+    let body = versions::api_versions_response(
+        kafka_protocol::ResponseError::UnsupportedVersion.code(),
+        0,
+    );
     encode_response(
         correlation_id,
         ApiKey::ApiVersions,

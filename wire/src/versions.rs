@@ -68,7 +68,7 @@ pub fn is_supported(api_key: ApiKey, version: i16) -> bool {
     matches!(supported_range(api_key), Some((lo, hi)) if (lo..=hi).contains(&version))
 }
 
-/// The feature flags kaas reports in ApiVersions v3+ (what `kafka-features describe` and
+/// The feature flags kaas reports in ApiVersions v4+ (what `kafka-features describe` and
 /// `Admin::describeFeatures` read): (name, highest supported level, finalized level).
 ///
 /// Only `group.version` is reported: level 1 is KIP-848's consumer group protocol, which every
@@ -81,8 +81,15 @@ pub const FEATURES: &[(&str, i16, i16)] = &[("group.version", 1, 1)];
 /// The epoch of the finalized features: they never change while a broker runs.
 const FINALIZED_FEATURES_EPOCH: i64 = 0;
 
-/// The ApiVersions response body listing every supported range, with `error_code`.
-pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
+/// The lowest ApiVersions version whose answer carries [`FEATURES`]. Java clients 3.7 and 3.8
+/// refuse a supported feature whose minimum level is 0 and drop the connection (KAFKA-17011),
+/// so Kafka 3.9+ brokers leave such features out of v0-v3 answers, and so does kaas; v4 exists
+/// to say the client can read them.
+const FEATURES_FROM_VERSION: i16 = 4;
+
+/// The ApiVersions response body (for a request of `version`) listing every supported range,
+/// with `error_code`.
+pub fn api_versions_response(error_code: i16, version: i16) -> ApiVersionsResponse {
     let api_keys = SUPPORTED_APIS
         .iter()
         .map(|(k, lo, hi)| {
@@ -92,7 +99,12 @@ pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
                 .with_max_version(*hi)
         })
         .collect();
-    let supported = FEATURES
+    let features = if version >= FEATURES_FROM_VERSION {
+        FEATURES
+    } else {
+        &[]
+    };
+    let supported = features
         .iter()
         .map(|(name, max, _)| {
             SupportedFeatureKey::default()
@@ -101,7 +113,7 @@ pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
                 .with_max_version(*max)
         })
         .collect();
-    let finalized = FEATURES
+    let finalized = features
         .iter()
         .map(|(name, _, level)| {
             FinalizedFeatureKey::default()
@@ -123,6 +135,21 @@ mod tests {
     use super::*;
     use kafka_protocol::messages::*;
     use kafka_protocol::protocol::Message;
+
+    // Java clients 3.7 and 3.8 drop a connection whose ApiVersions answer lists a feature with
+    // minimum level 0 (KAFKA-17011): below v4 no feature is listed; from v4 on, group.version.
+    #[test]
+    fn features_only_from_v4() {
+        for version in 0..4 {
+            let r = api_versions_response(0, version);
+            assert!(r.supported_features.is_empty(), "v{version}");
+            assert!(r.finalized_features.is_empty(), "v{version}");
+        }
+        let r = api_versions_response(0, 4);
+        let names: Vec<&str> = r.supported_features.iter().map(|f| &*f.name).collect();
+        assert_eq!(names, ["group.version"]);
+        assert_eq!(r.finalized_features[0].max_version_level, 1);
+    }
 
     // Every range we advertise is one the codec can decode, so no advertised version can fail
     // to parse for lack of a schema.

@@ -310,37 +310,45 @@ impl GroupManager {
         out
     }
 
-    /// The groups this shard coordinates, for `/metrics` (see [`crate::probe::Published`]);
-    /// at most `limit` committed offsets in all (the cardinality guard).
-    pub fn samples(&self, limit: usize) -> Vec<crate::probe::GroupSample> {
+    /// The groups this shard coordinates, for `/metrics` (see [`crate::probe::Published`]):
+    /// at most `limit` series in all — two per group (members, rebalances), one per committed
+    /// offset — so client-chosen group ids cannot grow the scrape without bound. A group with
+    /// neither members nor offsets says nothing and is left out. Returns the samples and how
+    /// many series were left out.
+    pub fn samples(&self, limit: usize) -> (Vec<crate::probe::GroupSample>, u64) {
         let mut left = limit;
-        let mut out: Vec<crate::probe::GroupSample> = self
-            .groups
-            .borrow()
-            .values()
-            .map(|g| {
-                let k = g.kind.borrow();
-                let offsets = g.offsets.borrow();
-                let committed: Vec<(String, i32, i64)> = offsets
-                    .iter()
-                    .flat_map(|(t, parts)| {
-                        parts.iter().map(move |(p, c)| (t.clone(), *p, c.offset))
-                    })
-                    .take(left)
-                    .collect();
-                left -= committed.len();
-                crate::probe::GroupSample {
-                    group: g.id.clone(),
-                    group_type: k.type_name(),
-                    state: k.state_name(),
-                    members: k.member_count() as u64,
-                    rebalances: k.rebalances(),
-                    committed,
-                }
-            })
-            .collect();
+        let mut omitted = 0u64;
+        let mut out = Vec::new();
+        for g in self.groups.borrow().values() {
+            let k = g.kind.borrow();
+            let offsets = g.offsets.borrow();
+            let committed_count: usize = offsets.values().map(BTreeMap::len).sum();
+            if k.member_count() == 0 && committed_count == 0 {
+                continue;
+            }
+            if left < 2 {
+                omitted += 2 + committed_count as u64;
+                continue;
+            }
+            left -= 2;
+            let committed: Vec<(String, i32, i64)> = offsets
+                .iter()
+                .flat_map(|(t, parts)| parts.iter().map(move |(p, c)| (t.clone(), *p, c.offset)))
+                .take(left)
+                .collect();
+            left -= committed.len();
+            omitted += (committed_count - committed.len()) as u64;
+            out.push(crate::probe::GroupSample {
+                group: g.id.clone(),
+                group_type: k.type_name(),
+                state: k.state_name(),
+                members: k.member_count() as u64,
+                rebalances: k.rebalances(),
+                committed,
+            });
+        }
         out.sort_by(|a, b| a.group.cmp(&b.group));
-        out
+        (out, omitted)
     }
 
     /// Opens (creating on disk if needed) the group's offset log.

@@ -6,6 +6,8 @@
 //! a partition whose preferred replica already leads. One without a leader right now is being
 //! moved by the controller (a handover takes seconds, and no request makes it faster): it is
 //! answered PREFERRED_LEADER_NOT_AVAILABLE with a message that says so, and the tool can retry.
+//! A request for every partition (null topics) leaves ELECTION_NOT_NEEDED out, as Kafka's
+//! controller does, so `--all-topic-partitions` lists only what it could not elect.
 
 use std::rc::Rc;
 
@@ -37,6 +39,7 @@ pub fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> ElectLeader
             .collect(),
     };
     let invalid_type = !ELECTION_TYPES.contains(&req.election_type);
+    let all = req.topic_partitions.is_none();
     let results = wanted
         .into_iter()
         .map(|(topic, partitions)| {
@@ -73,11 +76,13 @@ pub fn elect_leaders(shard: &Rc<Shard>, req: ElectLeadersRequest) -> ElectLeader
                         .with_error_code(code)
                         .with_error_message(Some(StrBytes::from_string(message)))
                 })
-                .collect();
+                .filter(|r| !(all && r.error_code == E::ElectionNotNeeded.code()))
+                .collect::<Vec<_>>();
             ReplicaElectionResult::default()
                 .with_topic(TopicName(StrBytes::from_string(topic)))
                 .with_partition_result(partition_result)
         })
+        .filter(|t| !t.partition_result.is_empty())
         .collect();
     ElectLeadersResponse::default().with_replica_election_results(results)
 }

@@ -52,7 +52,9 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
         R::AlterConfigs(r) => all(&mut r.responses.iter().map(|x| x.error_code)),
         R::IncrementalAlterConfigs(r) => all(&mut r.responses.iter().map(|x| x.error_code)),
         R::DescribeCluster(r) => f(r.error_code),
-        R::DescribeTopicPartitions(r) => all(&mut r.topics.iter().map(|t| t.error_code)),
+        R::DescribeTopicPartitions(r) => all(&mut r.topics.iter().flat_map(|t| {
+            std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code))
+        })),
         R::DescribeClientQuotas(r) => f(r.error_code),
         R::DescribeUserScramCredentials(r) => {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))

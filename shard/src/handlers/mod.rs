@@ -95,7 +95,7 @@ pub async fn handle(
     let api_key = request.api_key;
     let response = match request.body {
         RequestKind::ApiVersions(_) => {
-            ResponseKind::ApiVersions(versions::api_versions_response(errors::NONE))
+            ResponseKind::ApiVersions(versions::api_versions_response(errors::NONE, version))
         }
         RequestKind::Metadata(r) => {
             ResponseKind::Metadata(metadata::metadata(shard, r, version).await)
