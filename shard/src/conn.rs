@@ -35,6 +35,7 @@ use kaas_wire::WireError;
 
 use crate::admission::{ConnPermit, Reservation, FIRST_CHUNK_BYTES};
 use crate::handlers::{self, EffectGate};
+use crate::probe::{PROCESS, QUEUE, SEND};
 use crate::shard::Shard;
 
 /// Requests per connection being served at once.
@@ -101,11 +102,6 @@ struct Served {
     frame: Option<ResponseFrame>,
     handled: Option<(i16, Instant)>,
 }
-
-/// Indexes into `crate::probe::PHASES`.
-const QUEUE: usize = 0;
-const PROCESS: usize = 1;
-const SEND: usize = 2;
 
 /// Why a connection is closed by us rather than by the client.
 enum Close {
@@ -179,17 +175,6 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                     shard.probe.record_phase(api_key as i16, QUEUE, received);
                     let response = handlers::handle(&shard, request, gate, &client_host).await;
                     shard.probe.record_phase(api_key as i16, PROCESS, started);
-                    if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Produce {
-                        shard
-                            .probe
-                            .produce_latency
-                            .record_us(started.elapsed().as_micros() as u64);
-                    } else if api_key == kaas_wire::kafka_protocol::messages::ApiKey::Fetch {
-                        shard
-                            .probe
-                            .fetch_latency
-                            .record_us(started.elapsed().as_micros() as u64);
-                    }
                     Served {
                         frame: response,
                         handled: Some((api_key as i16, Instant::now())),

@@ -375,16 +375,7 @@ async fn run_shard(
         glommio::timer::sleep(TICK).await;
         let ticks = probe.alive_ticks.fetch_add(1, Ordering::Relaxed) + 1;
         if ticks.is_multiple_of(PUBLISH_EVERY_TICKS) {
-            let partitions_omitted = shard.publish_partition_offsets();
-            let (groups, groups_omitted) =
-                shard.groups.samples(config.metrics_partition_series_limit);
-            if **probe.published.groups.load() != groups {
-                probe.published.groups.store(Arc::new(groups));
-            }
-            probe
-                .published
-                .omitted
-                .store(partitions_omitted + groups_omitted, Ordering::Relaxed);
+            shard.publish_for_metrics();
         }
     }
     drop(acceptor);

@@ -16,6 +16,10 @@ pub use kaas_storage::stats::{LatencyProbe, StorageStats, LATENCY_BUCKETS_US};
 
 /// The phases of a request [`ShardProbe::request_phases`] times.
 pub const PHASES: [&str; 3] = ["queue", "process", "send"];
+/// Indexes into [`PHASES`].
+pub const QUEUE: usize = 0;
+pub const PROCESS: usize = 1;
+pub const SEND: usize = 2;
 /// Error-code slots per API in [`ShardProbe::response_errors`]: Kafka 4.4's codes end below.
 pub const ERROR_CODES: usize = 160;
 
@@ -38,8 +42,6 @@ pub struct ShardProbe {
     /// the shard's budget (`--max-open-log-files`).
     pub log_files_open: AtomicU64,
     pub logs_evicted: AtomicU64,
-    pub produce_latency: LatencyProbe,
-    pub fetch_latency: LatencyProbe,
     /// Every request's time by API and [`PHASES`] (Kafka's RequestMetrics): waiting behind
     /// the connection's previous request, being handled, then waiting for earlier responses
     /// and being written.
@@ -159,8 +161,6 @@ impl Default for ShardProbe {
             partitions_open: AtomicU64::new(0),
             log_files_open: AtomicU64::new(0),
             logs_evicted: AtomicU64::new(0),
-            produce_latency: LatencyProbe::default(),
-            fetch_latency: LatencyProbe::default(),
             request_phases: Box::new(std::array::from_fn(|_| Default::default())),
             response_errors: Box::new(std::array::from_fn(|_| {
                 std::array::from_fn(|_| AtomicU64::new(0))

@@ -539,13 +539,30 @@ impl Shard {
         }
     }
 
-    /// Publishes the offsets of the partitions this shard leads for `/metrics` (see
-    /// [`crate::probe::Published`]): read from the open logs; a partition whose log the
+    /// Publishes for `/metrics` what this shard cannot keep in counters: the offsets of the
+    /// partitions it leads and the groups it coordinates, and how many series the limit left
+    /// out (see [`crate::probe::Published`]).
+    pub fn publish_for_metrics(&self) {
+        let published = &self.probe.published;
+        let partitions_omitted = self.publish_partition_offsets();
+        let (groups, groups_omitted) = self
+            .groups
+            .samples(self.config.metrics_partition_series_limit);
+        if **published.groups.load() != groups {
+            published.groups.store(Arc::new(groups));
+        }
+        published.omitted.store(
+            partitions_omitted + groups_omitted,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Publishes the offsets of the partitions this shard leads: read from the open logs; a partition whose log the
     /// open-file budget closed keeps the offsets last published while this shard still leads
     /// it (nothing was written since: a write would have reopened it). At most
     /// `--metrics-partition-series-limit` series (two per partition); returns how many were
     /// left out.
-    pub fn publish_partition_offsets(&self) -> u64 {
+    fn publish_partition_offsets(&self) -> u64 {
         use crate::probe::PartitionOffsets;
         let entries = self.config.metrics_partition_series_limit / 2;
         let previous = self.probe.published.partitions.load();

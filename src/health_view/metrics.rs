@@ -2,8 +2,9 @@
 
 use super::HealthView;
 use kaas_shard::probe::{
-    api_name, LatencyProbe, ShardProbe, StorageStats, API_KEYS, LATENCY_BUCKETS_US,
+    api_name, LatencyProbe, ShardProbe, StorageStats, API_KEYS, LATENCY_BUCKETS_US, PROCESS,
 };
+use kaas_wire::kafka_protocol::messages::ApiKey;
 use kaas_wire::versions::SUPPORTED_APIS;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -300,25 +301,31 @@ impl HealthView {
             "1 while the shard's executor is making progress",
             alive,
         );
+        // The process phase of `kaas_request_duration_seconds`, under the names dashboards
+        // and alerts used before the phases existed.
+        let process = |api: ApiKey| {
+            LatencyHistogram::read(
+                self.probes
+                    .iter()
+                    .map(move |p| &p.request_phases[api as usize][PROCESS]),
+            )
+        };
         registry.register_with_unit(
             "kaas_produce_latency",
             "Produce request latency, receipt to response (acks=all includes the fsync)",
             Unit::Seconds,
-            LatencyHistogram::read(self.probes.iter().map(|p| &p.produce_latency)),
+            process(ApiKey::Produce),
         );
         registry.register_with_unit(
             "kaas_fetch_latency",
             "Fetch request latency, including long-poll waiting",
             Unit::Seconds,
-            LatencyHistogram::read(self.probes.iter().map(|p| &p.fetch_latency)),
+            process(ApiKey::Fetch),
         );
     }
 
     /// The log engine: group-commit syncs, segment rolls, retention and compaction.
     fn register_storage(&self, registry: &mut Registry) {
-        let total = |f: fn(&StorageStats) -> &AtomicU64| -> u64 {
-            self.probes.iter().map(|p| p.storage.get(f)).sum()
-        };
         registry.register_with_unit(
             "kaas_log_sync_duration",
             "Group-commit sync latency: one fdatasync (--sync-scope file) or one syncfs shared \
@@ -326,58 +333,75 @@ impl HealthView {
             Unit::Seconds,
             LatencyHistogram::read(self.probes.iter().map(|p| &p.storage.sync_latency)),
         );
-        counter(
-            registry,
-            "kaas_log_syncs",
-            "Group-commit syncs run",
-            total(|s| &s.syncs),
-        );
-        counter(
-            registry,
-            "kaas_log_sync_errors",
-            "Group-commit syncs that failed (their acks=all writes were refused)",
-            total(|s| &s.sync_errors),
-        );
-        registry.register_with_unit(
-            "kaas_log_synced",
-            "Bytes of record batches made durable by group-commit syncs (divide by \
-             kaas_log_syncs_total for the bytes one sync carries)",
-            Unit::Bytes,
-            ConstCounter::new(total(|s| &s.synced_bytes)),
-        );
-        counter(
-            registry,
-            "kaas_log_segment_rolls",
-            "Active segments sealed and replaced (size, age or a new leader epoch)",
-            total(|s| &s.segment_rolls),
-        );
-        counter(
-            registry,
-            "kaas_log_retention_deleted_segments",
-            "Segments deleted by retention (retention.ms, retention.bytes, or below a \
-             DeleteRecords start)",
-            total(|s| &s.retention_segments_deleted),
-        );
-        registry.register_with_unit(
-            "kaas_log_retention_reclaimed",
-            "Bytes freed by retention",
-            Unit::Bytes,
-            ConstCounter::new(total(|s| &s.retention_bytes_reclaimed)),
-        );
-        counter(
-            registry,
-            "kaas_log_compactions",
-            "Compaction passes that rewrote at least one segment",
-            total(|s| &s.compactions),
-        );
-        registry.register_with_unit(
-            "kaas_log_compaction_reclaimed",
-            "Bytes freed by compaction",
-            Unit::Bytes,
-            ConstCounter::new(total(|s| &s.compaction_bytes_reclaimed)),
-        );
+        for (name, help, unit, field) in STORAGE_COUNTERS {
+            let total = self.probes.iter().map(|p| p.storage.get(field)).sum();
+            match unit {
+                Some(unit) => {
+                    registry.register_with_unit(name, help, unit, ConstCounter::new(total))
+                }
+                None => counter(registry, name, help, total),
+            }
+        }
     }
 }
+
+/// The log engine's counters: (family, help, unit, the `StorageStats` field summed over the
+/// shards).
+type StorageCounter = (
+    &'static str,
+    &'static str,
+    Option<Unit>,
+    fn(&StorageStats) -> &AtomicU64,
+);
+const STORAGE_COUNTERS: [StorageCounter; 8] = [
+    ("kaas_log_syncs", "Group-commit syncs run", None, |s| {
+        &s.syncs
+    }),
+    (
+        "kaas_log_sync_errors",
+        "Group-commit syncs that failed (their acks=all writes were refused)",
+        None,
+        |s| &s.sync_errors,
+    ),
+    (
+        "kaas_log_synced",
+        "Bytes of record batches made durable by group-commit syncs (divide by \
+         kaas_log_syncs_total for the bytes one sync carries)",
+        Some(Unit::Bytes),
+        |s| &s.synced_bytes,
+    ),
+    (
+        "kaas_log_segment_rolls",
+        "Active segments sealed and replaced (size, age or a new leader epoch)",
+        None,
+        |s| &s.segment_rolls,
+    ),
+    (
+        "kaas_log_retention_deleted_segments",
+        "Segments deleted by retention (retention.ms, retention.bytes, or below a \
+         DeleteRecords start)",
+        None,
+        |s| &s.retention_segments_deleted,
+    ),
+    (
+        "kaas_log_retention_reclaimed",
+        "Bytes freed by retention",
+        Some(Unit::Bytes),
+        |s| &s.retention_bytes_reclaimed,
+    ),
+    (
+        "kaas_log_compactions",
+        "Compaction passes that rewrote at least one segment",
+        None,
+        |s| &s.compactions,
+    ),
+    (
+        "kaas_log_compaction_reclaimed",
+        "Bytes freed by compaction",
+        Some(Unit::Bytes),
+        |s| &s.compaction_bytes_reclaimed,
+    ),
+];
 
 /// The cluster's control state as this broker sees it: what `/healthz` says under `cluster`,
 /// as series an alert can watch. A single node reports itself as the one live broker and the

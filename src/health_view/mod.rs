@@ -13,6 +13,10 @@ use prometheus_client::registry::Registry;
 
 use metrics::fd_usage;
 
+mod metrics;
+mod offsets;
+mod requests;
+
 /// A shard whose tick has not moved for this long is reported dead.
 const SHARD_STALL: Duration = Duration::from_secs(2);
 
@@ -187,10 +191,6 @@ impl HealthSource for HealthView {
         self.registry()
     }
 }
-
-mod metrics;
-mod offsets;
-mod requests;
 
 #[cfg(test)]
 mod tests {

@@ -74,6 +74,13 @@ struct SeriesBudget {
 }
 
 impl SeriesBudget {
+    fn new(limit: usize) -> Self {
+        SeriesBudget {
+            left: limit,
+            omitted: 0,
+        }
+    }
+
     /// Whether `n` more series fit; counts them as omitted if not.
     fn take(&mut self, n: usize) -> bool {
         if self.left >= n {
@@ -93,14 +100,8 @@ impl HealthView {
     /// ones apply here.
     pub(super) fn register_offsets(&self, registry: &mut Registry) {
         let limit = self.config.metrics_partition_series_limit;
-        let mut partitions = SeriesBudget {
-            left: limit,
-            omitted: 0,
-        };
-        let mut groups = SeriesBudget {
-            left: limit,
-            omitted: 0,
-        };
+        let mut partitions = SeriesBudget::new(limit);
+        let mut groups = SeriesBudget::new(limit);
         self.register_partition_offsets(registry, &mut partitions);
         self.register_groups(registry, &mut groups);
         let omitted = partitions.omitted

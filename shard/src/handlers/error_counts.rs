@@ -4,6 +4,14 @@
 //! Produce refused for two partitions counts NOT_LEADER_OR_FOLLOWER twice.
 
 use kaas_wire::fetch_frame::FetchResponseOut;
+
+/// The error codes of the items in each `$inner` list of `$outer`'s items (a response's
+/// partitions within its topics): the responses' types differ, their shape does not.
+macro_rules! nested {
+    ($outer:expr, $inner:ident) => {
+        $outer.iter().flat_map(|t| &t.$inner).map(|p| p.error_code)
+    };
+}
 use kaas_wire::kafka_protocol::messages::ResponseKind;
 
 /// Calls `f` with every error code in `response`.
@@ -11,43 +19,23 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
     use ResponseKind as R;
     let mut all = |codes: &mut dyn Iterator<Item = i16>| codes.for_each(&mut f);
     match response {
-        R::Produce(r) => all(&mut r
-            .responses
-            .iter()
-            .flat_map(|t| &t.partition_responses)
-            .map(|p| p.error_code)),
+        R::Produce(r) => all(&mut nested!(r.responses, partition_responses)),
         R::Metadata(r) => all(
             &mut std::iter::once(r.error_code).chain(r.topics.iter().flat_map(|t| {
                 std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code))
             })),
         ),
-        R::ListOffsets(r) => all(&mut r
-            .topics
-            .iter()
-            .flat_map(|t| &t.partitions)
-            .map(|p| p.error_code)),
-        R::OffsetForLeaderEpoch(r) => all(&mut r
-            .topics
-            .iter()
-            .flat_map(|t| &t.partitions)
-            .map(|p| p.error_code)),
+        R::ListOffsets(r) => all(&mut nested!(r.topics, partitions)),
+        R::OffsetForLeaderEpoch(r) => all(&mut nested!(r.topics, partitions)),
         R::InitProducerId(r) => f(r.error_code),
         R::CreateTopics(r) => all(&mut r.topics.iter().map(|t| t.error_code)),
         R::DeleteTopics(r) => all(&mut r.responses.iter().map(|t| t.error_code)),
         R::CreatePartitions(r) => all(&mut r.results.iter().map(|t| t.error_code)),
-        R::DeleteRecords(r) => all(&mut r
-            .topics
-            .iter()
-            .flat_map(|t| &t.partitions)
-            .map(|p| p.error_code)),
+        R::DeleteRecords(r) => all(&mut nested!(r.topics, partitions)),
         R::DescribeLogDirs(r) => {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|d| d.error_code)))
         }
-        R::DescribeProducers(r) => all(&mut r
-            .topics
-            .iter()
-            .flat_map(|t| &t.partitions)
-            .map(|p| p.error_code)),
+        R::DescribeProducers(r) => all(&mut nested!(r.topics, partitions)),
         R::DescribeConfigs(r) => all(&mut r.results.iter().map(|x| x.error_code)),
         R::AlterConfigs(r) => all(&mut r.responses.iter().map(|x| x.error_code)),
         R::IncrementalAlterConfigs(r) => all(&mut r.responses.iter().map(|x| x.error_code)),
@@ -60,12 +48,8 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))
         }
         R::ListPartitionReassignments(r) => f(r.error_code),
-        R::ElectLeaders(r) => all(&mut std::iter::once(r.error_code).chain(
-            r.replica_election_results
-                .iter()
-                .flat_map(|t| &t.partition_result)
-                .map(|p| p.error_code),
-        )),
+        R::ElectLeaders(r) => all(&mut std::iter::once(r.error_code)
+            .chain(nested!(r.replica_election_results, partition_result))),
         _ => each_in_group_response(response, f),
     }
 }
@@ -85,32 +69,17 @@ fn each_in_group_response(response: &ResponseKind, mut f: impl FnMut(i16)) {
         R::LeaveGroup(r) => {
             all(&mut std::iter::once(r.error_code).chain(r.members.iter().map(|m| m.error_code)))
         }
-        R::OffsetCommit(r) => all(&mut r
-            .topics
-            .iter()
-            .flat_map(|t| &t.partitions)
-            .map(|p| p.error_code)),
-        R::OffsetFetch(r) => all(&mut std::iter::once(r.error_code)
-            .chain(
-                r.topics
-                    .iter()
-                    .flat_map(|t| &t.partitions)
-                    .map(|p| p.error_code),
-            )
-            .chain(r.groups.iter().flat_map(|g| {
-                std::iter::once(g.error_code).chain(
-                    g.topics
-                        .iter()
-                        .flat_map(|t| &t.partitions)
-                        .map(|p| p.error_code),
-                )
-            }))),
-        R::OffsetDelete(r) => all(&mut std::iter::once(r.error_code).chain(
-            r.topics
-                .iter()
-                .flat_map(|t| &t.partitions)
-                .map(|p| p.error_code),
-        )),
+        R::OffsetCommit(r) => all(&mut nested!(r.topics, partitions)),
+        R::OffsetFetch(r) => {
+            all(&mut std::iter::once(r.error_code)
+                .chain(nested!(r.topics, partitions))
+                .chain(r.groups.iter().flat_map(|g| {
+                    std::iter::once(g.error_code).chain(nested!(g.topics, partitions))
+                })))
+        }
+        R::OffsetDelete(r) => {
+            all(&mut std::iter::once(r.error_code).chain(nested!(r.topics, partitions)))
+        }
         R::ListGroups(r) => f(r.error_code),
         R::DescribeGroups(r) => all(&mut r.groups.iter().map(|g| g.error_code)),
         R::DeleteGroups(r) => all(&mut r.results.iter().map(|g| g.error_code)),

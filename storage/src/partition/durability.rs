@@ -108,10 +108,11 @@ impl PartitionLog {
             let mut fl = self.flush.borrow_mut();
             if result.is_ok() {
                 fl.durable_end = fl.durable_end.max(target);
-                let synced = self
-                    .synced_bytes
-                    .replace(appended.max(self.synced_bytes.get()));
-                crate::stats::add(|s| &s.synced_bytes, appended.saturating_sub(synced));
+                let synced = self.synced_bytes.get();
+                if appended > synced {
+                    self.synced_bytes.set(appended);
+                    crate::stats::add(|s| &s.synced_bytes, appended - synced);
+                }
             }
             // Nothing is durable that was not written (the target was read from the log end).
             debug_assert!(
