@@ -29,6 +29,14 @@
 //! counts inside the range they already spanned, so no topic's spread ever widens and each topic
 //! is fixed once, in one pass. "Per-topic spread ≤ 1 when achievable" therefore holds always.
 //!
+//! **Pinned partitions** (a reassignment: `kafka-reassign-partitions`, Cruise Control) are put
+//! on their named broker in step 1 when it is alive, and no later step moves them. They count
+//! toward every total; step 3 gives a broker at least as many as are pinned to it and spreads
+//! the rest as evenly as the pins allow (a broker pinned above ⌈P/N⌉ keeps exactly its pins, and
+//! the others share what is left within one of each other), and steps 4 and 5 only exchange
+//! unpinned partitions, so a topic's spread is at most one where the pins leave a partner to
+//! swap with. Without pins every guarantee below holds exactly.
+//!
 //! Why a recompute with unchanged inputs moves nothing: steps 1–2 keep everything, step 3 finds
 //! no surplus, and steps 4–5 only act on states from which an improving swap exists — their own
 //! output is a state where none does.
@@ -102,6 +110,18 @@ impl BalancePlanner {
     /// topic's count) are dropped. With no alive broker the assignment is empty — the
     /// controller always pins itself into `alive`, so in practice it never is.
     pub fn plan(previous: &LeaderMap, alive: &AliveBrokers, topics: &TopicCounts) -> BalancePlan {
+        Self::plan_pinned(previous, alive, topics, &LeaderMap::new())
+    }
+
+    /// [`BalancePlanner::plan`] with `pinned` partitions held on their broker while it is alive
+    /// (see the module docs). Pins of partitions that do not exist or name a broker not in
+    /// `alive` are ignored.
+    pub fn plan_pinned(
+        previous: &LeaderMap,
+        alive: &AliveBrokers,
+        topics: &TopicCounts,
+        pinned: &LeaderMap,
+    ) -> BalancePlan {
         let mut stats = BalanceStats::default();
         if alive.is_empty() {
             return BalancePlan {
@@ -109,7 +129,7 @@ impl BalancePlanner {
                 stats,
             };
         }
-        let mut layout = Layout::new(previous, alive, topics);
+        let mut layout = Layout::new(previous, alive, topics, pinned);
         layout.place_orphans(&mut stats);
         layout.even_out_brokers(&mut stats);
         layout.even_out_topics(&mut stats);
@@ -149,6 +169,8 @@ struct Layout {
     home: Vec<usize>,
     /// Each partition's current leader (`NO_HOME` only before step 2).
     leader: Vec<usize>,
+    /// Pinned to its leader: no step after the first moves it.
+    fixed: Vec<bool>,
     /// Each partition's position in `members[leader]`, for O(1) removal.
     slot: Vec<usize>,
     /// The partitions each broker currently leads, in no particular order.
@@ -180,8 +202,14 @@ struct RackOp {
 }
 
 impl Layout {
-    /// Step 1: index the inputs and keep every partition whose previous leader is alive.
-    fn new(previous: &LeaderMap, alive: &AliveBrokers, topics: &TopicCounts) -> Self {
+    /// Step 1: index the inputs, keep every partition whose previous leader is alive, and put
+    /// every pinned partition on its broker.
+    fn new(
+        previous: &LeaderMap,
+        alive: &AliveBrokers,
+        topics: &TopicCounts,
+        pinned: &LeaderMap,
+    ) -> Self {
         let broker_index: BTreeMap<BrokerId, usize> =
             alive.keys().enumerate().map(|(i, b)| (*b, i)).collect();
         let rack_names: BTreeMap<Option<&str>, usize> = {
@@ -214,6 +242,7 @@ impl Layout {
             topic_of,
             home: vec![NO_HOME; partitions],
             leader: vec![NO_HOME; partitions],
+            fixed: vec![false; partitions],
             slot: vec![0; partitions],
             members: vec![Vec::new(); brokers],
             total: vec![0; brokers],
@@ -233,6 +262,26 @@ impl Layout {
                 let p = layout.topic_start[t] + index;
                 layout.home[p] = b;
                 layout.attach(p, b);
+            }
+        }
+        for (tp, broker) in pinned {
+            let (Some(&t), Some(&b)) =
+                (topic_index.get(tp.topic.as_str()), broker_index.get(broker))
+            else {
+                continue;
+            };
+            let Ok(index) = usize::try_from(tp.partition) else {
+                continue;
+            };
+            if index < layout.size(t) {
+                let p = layout.topic_start[t] + index;
+                if layout.leader[p] != b {
+                    if layout.leader[p] != NO_HOME {
+                        layout.detach(p);
+                    }
+                    layout.attach(p, b);
+                }
+                layout.fixed[p] = true;
             }
         }
         layout
@@ -328,20 +377,7 @@ impl Layout {
     /// that topic, so step 4 has little left to swap.
     fn even_out_brokers(&mut self, stats: &mut BalanceStats) {
         let n = self.brokers;
-        let partitions = self.leader.len();
-        let (floor, extra) = (partitions / n, partitions % n);
-        let mut kept = vec![0usize; n];
-        for p in 0..partitions {
-            if self.home[p] != NO_HOME {
-                kept[self.home[p]] += 1;
-            }
-        }
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&b| (Reverse(self.total[b] > floor), Reverse(kept[b] > floor), b));
-        let mut target = vec![floor; n];
-        for &b in &order[..extra] {
-            target[b] = floor + 1;
-        }
+        let target = self.broker_targets();
         let mut deficit: Vec<usize> = (0..n)
             .map(|b| target[b].saturating_sub(self.total[b]))
             .collect();
@@ -354,7 +390,7 @@ impl Layout {
             // Per topic, the broker's partitions split into [just placed, inherited], each
             // sorted so that `pop` yields the lowest partition first.
             let mut pools: BTreeMap<usize, [Vec<usize>; 2]> = BTreeMap::new();
-            for &p in &self.members[s] {
+            for &p in self.members[s].iter().filter(|&&p| !self.fixed[p]) {
                 let class = usize::from(self.home[p] == s);
                 pools.entry(self.topic_of[p]).or_default()[class].push(p);
             }
@@ -398,6 +434,59 @@ impl Layout {
         }
     }
 
+    /// Step 3's goal per broker: ⌊P/N⌋ or ⌈P/N⌉, the ⌈P/N⌉ given to brokers already above
+    /// ⌊P/N⌋ (inherited partitions first), and never fewer than a broker's pins.
+    fn broker_targets(&self) -> Vec<usize> {
+        let n = self.brokers;
+        let partitions = self.leader.len();
+        let mut kept = vec![0usize; n];
+        let mut pins = vec![0usize; n];
+        for p in 0..partitions {
+            if self.home[p] != NO_HOME {
+                kept[self.home[p]] += 1;
+            }
+            if self.fixed[p] {
+                pins[self.leader[p]] += 1;
+            }
+        }
+        // A broker pinned above the even share keeps exactly its pins; the others share the
+        // rest. Capping one lowers the share of the others, so repeat until none is above it.
+        let mut capped = vec![false; n];
+        let (floor, extra) = loop {
+            let free = capped.iter().filter(|c| !**c).count();
+            let rest = partitions
+                - (0..n)
+                    .filter(|&b| capped[b])
+                    .map(|b| pins[b])
+                    .sum::<usize>();
+            let ceil = rest.div_ceil(free);
+            match (0..n).find(|&b| !capped[b] && pins[b] > ceil) {
+                Some(b) => capped[b] = true,
+                None => break (rest / free, rest % free),
+            }
+        };
+        let mut order: Vec<usize> = (0..n).filter(|&b| !capped[b]).collect();
+        order.sort_by_key(|&b| {
+            (
+                Reverse(pins[b] > floor),
+                Reverse(self.total[b] > floor),
+                Reverse(kept[b] > floor),
+                b,
+            )
+        });
+        let mut target: Vec<usize> = (0..n)
+            .map(|b| if capped[b] { pins[b] } else { floor })
+            .collect();
+        for &b in &order[..extra] {
+            target[b] = floor + 1;
+        }
+        debug_assert!(
+            (0..n).all(|b| target[b] >= pins[b]),
+            "a target below a broker's pins"
+        );
+        target
+    }
+
     /// Step 4: swap partitions pairwise until every topic's per-broker counts differ by at most
     /// one. The module docs show a partner always exists and no swap widens another topic.
     fn even_out_topics(&mut self, stats: &mut BalanceStats) {
@@ -419,18 +508,18 @@ impl Layout {
                     let ours: Vec<usize> = self.members[a]
                         .iter()
                         .copied()
-                        .filter(|&p| self.topic_of[p] == t)
+                        .filter(|&p| self.topic_of[p] == t && !self.fixed[p])
                         .collect();
                     for &b in &light {
-                        let p = *ours
-                            .iter()
-                            .min_by_key(|&&p| (self.move_cost(p, b), p))
-                            .expect("heavy broker leads the topic");
+                        let Some(&p) = ours.iter().min_by_key(|&&p| (self.move_cost(p, b), p))
+                        else {
+                            break; // every partition of the topic on `a` is pinned
+                        };
                         let cost_p = self.move_cost(p, b);
                         let rack_p = self.rack_delta(t, a, b);
                         for &q in &self.members[b] {
                             let u = self.topic_of[q];
-                            if u == t || self.tc(u, b) < self.tc(u, a) + 1 {
+                            if u == t || self.fixed[q] || self.tc(u, b) < self.tc(u, a) + 1 {
                                 continue;
                             }
                             let key = (
@@ -449,7 +538,10 @@ impl Layout {
                     }
                 }
                 let Some((_, (a, b, p, q))) = best else {
-                    debug_assert!(false, "step 4 found no partner; step 3 left brokers uneven");
+                    debug_assert!(
+                        self.fixed.iter().any(|f| *f),
+                        "step 4 found no partner; step 3 left brokers uneven"
+                    );
                     break;
                 };
                 self.relocate(p, b);
@@ -532,8 +624,11 @@ impl Layout {
             let ours: Vec<usize> = self.members[a]
                 .iter()
                 .copied()
-                .filter(|&p| self.topic_of[p] == t)
+                .filter(|&p| self.topic_of[p] == t && !self.fixed[p])
                 .collect();
+            if ours.is_empty() {
+                continue;
+            }
             for b in 0..self.brokers {
                 let rb = self.rack_of[b];
                 if rb == ra || racks[ra] < racks[rb] + 2 || self.tc(t, b) + 1 > self.tc(t, a) {
@@ -555,7 +650,7 @@ impl Layout {
                 }
                 for &q in &self.members[b] {
                     let u = self.topic_of[q];
-                    if u == t || self.tc(u, b) < self.tc(u, a) + 1 {
+                    if u == t || self.fixed[q] || self.tc(u, b) < self.tc(u, a) + 1 {
                         continue;
                     }
                     let u_size = self.size(u) as i128;

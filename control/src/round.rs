@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::assignment::{Assignment, Health};
-use crate::balancer::{AliveBrokers, BalancePlanner, BrokerId, TopicCounts};
+use crate::balancer::{AliveBrokers, BalancePlanner, BrokerId, LeaderMap, TopicCounts};
 use crate::handover::{self, Standing, Timing};
 use crate::heartbeat::BrokerRegistry;
 
@@ -45,6 +45,8 @@ pub struct RoundInputs<'a> {
     pub alive_timeout: Duration,
     /// Topics and their partition counts.
     pub topics: &'a TopicCounts,
+    /// Partitions an operator reassigned: held on their broker while it is alive.
+    pub pinned: &'a LeaderMap,
     pub timing: &'a Timing,
     pub now: Instant,
 }
@@ -82,7 +84,7 @@ pub fn controller_round(inputs: &RoundInputs<'_>) -> Round {
         }
     }
     let base = handover::planning_base(previous);
-    let plan = BalancePlanner::plan(&base, &alive, inputs.topics);
+    let plan = BalancePlanner::plan_pinned(&base, &alive, inputs.topics, inputs.pinned);
     let version = previous.map_or(0, |p| p.assignment_version) + 1;
     let standing = |b: BrokerId| {
         let record = registry.get(b);

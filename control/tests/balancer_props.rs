@@ -508,3 +508,116 @@ fn ten_thousand_partitions_over_twenty_brokers() {
         timed(&format!("steady state, {tag}"), &fresh, &brokers, &topics);
     }
 }
+
+/// A scenario with pins: a few of its partitions (existing or not) pinned to brokers that may
+/// or may not be alive, as reassignments leave them.
+fn pinned_scenario() -> impl Strategy<Value = (Scenario, LeaderMap)> {
+    (
+        scenario(4, true),
+        prop::collection::vec(("[a-p]", 0i32..14, 0i32..12), 0..10),
+    )
+        .prop_map(|(s, raw)| {
+            let pins: LeaderMap = raw
+                .into_iter()
+                .map(|(t, p, b)| (TopicPartition::new(t, p), BrokerId(b)))
+                .collect();
+            (s, pins)
+        })
+}
+
+/// The pins the planner must honour: partitions that exist, on alive brokers.
+fn effective_pins(s: &Scenario, pins: &LeaderMap) -> LeaderMap {
+    pins.iter()
+        .filter(|(tp, b)| {
+            s.alive.contains_key(b)
+                && s.topics
+                    .get(&tp.topic)
+                    .is_some_and(|&c| tp.partition >= 0 && tp.partition < c)
+        })
+        .map(|(tp, b)| (tp.clone(), *b))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    // Proves: a pinned partition leads on its broker whenever that broker is alive, every
+    // partition still gets an alive leader, and the brokers not pinned above the even share
+    // are within one partition of each other.
+    #[test]
+    fn pinned_partitions_stay_where_pinned((s, pins) in pinned_scenario()) {
+        let out = BalancePlanner::plan_pinned(&s.previous, &s.alive, &s.topics, &pins).assignment;
+        assert_complete(&s, &out);
+        let honoured = effective_pins(&s, &pins);
+        for (tp, b) in &honoured {
+            prop_assert_eq!(out.get(tp), Some(b), "{:?} pinned to {:?}", tp, b);
+        }
+        let mut pinned_on: BTreeMap<BrokerId, usize> = BTreeMap::new();
+        for b in honoured.values() {
+            *pinned_on.entry(*b).or_default() += 1;
+        }
+        let totals = totals(&out, &s.alive);
+        let n = s.alive.len();
+        let ceil = partition_count(&s.topics).div_ceil(n);
+        let free: BTreeMap<BrokerId, usize> = totals
+            .iter()
+            .filter(|(b, _)| pinned_on.get(b).copied().unwrap_or(0) <= ceil)
+            .map(|(b, c)| (*b, *c))
+            .collect();
+        prop_assert!(spread(&free) <= 1, "totals {:?}, pins {:?}", totals, pinned_on);
+        for (b, c) in &totals {
+            if let Some(&p) = pinned_on.get(b) {
+                prop_assert!(*c >= p);
+                if p > ceil {
+                    prop_assert_eq!(*c, p, "a broker pinned above the share keeps only its pins");
+                }
+            }
+        }
+    }
+
+    // Proves: with pins, a recompute from the planner's own output moves nothing, and the
+    // same inputs give the same plan.
+    #[test]
+    fn pinned_steady_state_moves_nothing((s, pins) in pinned_scenario()) {
+        let first = BalancePlanner::plan_pinned(&s.previous, &s.alive, &s.topics, &pins);
+        let again = BalancePlanner::plan_pinned(&s.previous, &s.alive, &s.topics, &pins);
+        prop_assert_eq!(&first, &again);
+        let next = BalancePlanner::plan_pinned(&first.assignment, &s.alive, &s.topics, &pins);
+        prop_assert_eq!(&next.assignment, &first.assignment);
+        prop_assert_eq!(next.stats.inherited_moved, 0);
+    }
+
+    // Proves: pinning a partition to the broker that leads it changes nothing in the plan.
+    #[test]
+    fn pinning_where_it_already_is_changes_nothing(s in scenario(4, true), pick in any::<prop::sample::Index>()) {
+        let first = s.plan().assignment;
+        if first.is_empty() {
+            return Ok(());
+        }
+        let (tp, b) = first.iter().nth(pick.index(first.len())).unwrap();
+        let pins: LeaderMap = [(tp.clone(), *b)].into_iter().collect();
+        let pinned = BalancePlanner::plan_pinned(&first, &s.alive, &s.topics, &pins).assignment;
+        prop_assert_eq!(pinned, first);
+    }
+}
+
+// Moving one partition of a balanced three-broker cluster onto another broker holds it there,
+// and the balancer makes room by moving one other partition off that broker (not back).
+#[test]
+fn a_reassignment_moves_one_partition_and_makes_room() {
+    let alive = alive(&[0, 1, 2]);
+    let topics = topics(&[("t", 6)]);
+    let before = BalancePlanner::assign(&LeaderMap::new(), &alive, &topics);
+    let tp = TopicPartition::new("t", 0);
+    let from = before[&tp];
+    let to = BrokerId((from.0 + 1) % 3);
+    let pins: LeaderMap = [(tp.clone(), to)].into_iter().collect();
+    let plan = BalancePlanner::plan_pinned(&before, &alive, &topics, &pins);
+    assert_eq!(plan.assignment[&tp], to);
+    let counts = totals(&plan.assignment, &alive);
+    assert!(counts.values().all(|&c| c == 2), "{counts:?}");
+    assert_eq!(
+        plan.stats.inherited_moved, 2,
+        "the pinned one and one to make room"
+    );
+}

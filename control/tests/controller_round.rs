@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kaas_control::assignment::{Assignment, BrokerEntry, Health};
-use kaas_control::balancer::{BrokerId, TopicCounts};
+use kaas_control::balancer::{BrokerId, LeaderMap, TopicCounts};
 use kaas_control::handover::Timing;
 use kaas_control::heartbeat::BrokerRegistry;
 use kaas_control::round::{controller_round, newest_base, Round, RoundInputs};
@@ -146,6 +146,7 @@ fn decide(w: &World, base: Option<&Arc<Assignment>>, now: Instant) -> Round {
         registry: &reg,
         alive_timeout: TIMING.release_after,
         topics: &topics,
+        pinned: &LeaderMap::new(),
         timing: &TIMING,
         now,
     })

@@ -30,6 +30,10 @@ pub struct TopicMeta {
     pub partitions: i32,
     #[serde(default)]
     pub configs: BTreeMap<String, String>,
+    /// Partitions an operator reassigned (AlterPartitionReassignments), partition → broker id:
+    /// the controller holds each on its broker while that broker is alive (cluster mode).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pinned_leaders: BTreeMap<i32, i32>,
 }
 
 impl TopicMeta {
@@ -353,6 +357,7 @@ impl Catalog {
                 id: Uuid::new_v4(),
                 partitions,
                 configs,
+                pinned_leaders: BTreeMap::new(),
             });
             t.topics.insert(name.to_string(), meta.clone());
             Ok(meta)
@@ -425,6 +430,36 @@ impl Catalog {
         }
         self.update(|t| {
             let meta = build(t)?;
+            t.topics.insert(name.to_string(), meta.clone());
+            Ok(meta)
+        })
+    }
+
+    /// Pins (`Some(broker)`) or unpins (`None`) partitions of topic `name`, all or none:
+    /// an unknown topic or a partition it does not have fails the whole change.
+    pub fn set_pinned_leaders(
+        &self,
+        name: &str,
+        changes: &[(i32, Option<i32>)],
+    ) -> Result<Arc<TopicMeta>, CatalogError> {
+        self.update(|t| {
+            let cur = t
+                .get(name)
+                .ok_or_else(|| CatalogError::UnknownTopic(name.to_string()))?;
+            let mut pins = cur.pinned_leaders.clone();
+            for &(partition, broker) in changes {
+                if !(0..cur.partitions).contains(&partition) {
+                    return Err(CatalogError::UnknownTopic(format!("{name}-{partition}")));
+                }
+                match broker {
+                    Some(b) => pins.insert(partition, b),
+                    None => pins.remove(&partition),
+                };
+            }
+            let meta = Arc::new(TopicMeta {
+                pinned_leaders: pins,
+                ..(**cur).clone()
+            });
             t.topics.insert(name.to_string(), meta.clone());
             Ok(meta)
         })

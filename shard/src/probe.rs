@@ -248,6 +248,8 @@ pub fn api_name(key: i16) -> Option<&'static str> {
         ApiKey::DescribeClientQuotas => "DescribeClientQuotas",
         ApiKey::DescribeUserScramCredentials => "DescribeUserScramCredentials",
         ApiKey::ListPartitionReassignments => "ListPartitionReassignments",
+        ApiKey::AlterPartitionReassignments => "AlterPartitionReassignments",
+        ApiKey::ElectLeaders => "ElectLeaders",
         _ => "Other",
     })
 }

@@ -14,7 +14,7 @@ use anyhow::Context;
 use kaas_control::assignment::{
     assignment_chain, claim_epoch, write_fenced, Assignment, FenceError, Health,
 };
-use kaas_control::balancer::{BrokerId, TopicCounts};
+use kaas_control::balancer::{BrokerId, LeaderMap, TopicCounts, TopicPartition};
 use kaas_control::handover;
 use kaas_control::heartbeat::{HeartbeatServer, ServerConfig};
 use kaas_control::lease::Leadership;
@@ -243,6 +243,27 @@ struct Bases {
     seq: Option<u64>,
 }
 
+/// The catalog's topics and partition counts, and the partitions operators reassigned (their
+/// pins), as the balancer takes them.
+fn planner_topics(shards: &Shards) -> (TopicCounts, LeaderMap) {
+    let catalog = shards.catalog.snapshot();
+    let topics: TopicCounts = catalog
+        .topics
+        .values()
+        .map(|t| (t.name.clone(), t.partitions))
+        .collect();
+    let pinned: LeaderMap = catalog
+        .topics
+        .values()
+        .flat_map(|t| {
+            t.pinned_leaders
+                .iter()
+                .map(|(&p, &b)| (TopicPartition::new(t.name.clone(), p), BrokerId(b)))
+        })
+        .collect();
+    (topics, pinned)
+}
+
 /// One controller round: plan, apply the handover rules, write the file if anything changed.
 /// Returns the file now in force and its chain version.
 async fn recompute(
@@ -261,13 +282,7 @@ async fn recompute(
     let grace =
         (config.status_interval * 2).max(Duration::from_millis(config.election.retry_period_ms));
     let registry = server.registry();
-    let topics: TopicCounts = shards
-        .catalog
-        .snapshot()
-        .topics
-        .values()
-        .map(|t| (t.name.clone(), t.partitions))
-        .collect();
+    let (topics, pinned) = planner_topics(shards);
     // Shared, not copied: this runs five times a second over every partition.
     let candidates = [bases.last.as_ref(), bases.accepted.as_ref()];
     let previous: Option<Arc<Assignment>> = round::newest_base(candidates).cloned();
@@ -282,6 +297,7 @@ async fn recompute(
         registry: &registry,
         alive_timeout: config.timing.release_after,
         topics: &topics,
+        pinned: &pinned,
         timing: &config.timing,
         now: std::time::Instant::now(),
     });

@@ -34,6 +34,7 @@ pub use partition::{
     AppendOutcome, IndexStats, LogConfig, PartitionLog, ReadOutcome, TimestampLookup,
 };
 pub use producer::{ActiveProducer, ProducerCheck};
+pub use segment::is_legacy_segment_name;
 
 /// An offset in a partition's log.
 pub type Offset = i64;

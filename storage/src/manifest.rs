@@ -14,6 +14,11 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Manifest {
+    /// Stored as `epoch` since segments have Kafka-style names (`segment`). Versions before
+    /// that require `leader_epoch`, so they refuse a partition this version has opened (a
+    /// corrupt-manifest error) instead of overlooking its renamed segments and writing over
+    /// their offsets. Read under either name.
+    #[serde(rename = "epoch", alias = "leader_epoch")]
     pub leader_epoch: i32,
     pub log_start_offset: i64,
 }

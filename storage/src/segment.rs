@@ -1,6 +1,13 @@
-//! One segment file: `<base offset, 20 digits>-<leader epoch, 10 digits>.log`, holding record
+//! One segment file: `<base offset, 20 digits>.<leader epoch, 10 digits>.log`, holding record
 //! batches back to back exactly as they go over the wire, so a Fetch can send file bytes as
 //! they are.
+//!
+//! The name starts as Kafka's does (`<20-digit base offset>.log`), so Kafka's own tools read a
+//! kaas segment (`kafka-dump-log` takes the base offset from the name up to the first dot). The
+//! leader epoch stays in the name because two leaders of a shared volume may each have written
+//! a segment at the same base offset, and recovery tells them apart by it (`divergence`).
+//! Versions before this one wrote `<base>-<epoch>.log`; they are still read, and renamed when
+//! the partition is next opened (`migrate_legacy_names`).
 
 use std::path::{Path, PathBuf};
 
@@ -19,14 +26,56 @@ use crate::StorageError;
 const SCAN_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
 pub fn segment_file_name(base_offset: i64, epoch: i32) -> String {
-    format!("{base_offset:020}-{epoch:010}.log")
+    format!("{base_offset:020}.{epoch:010}.log")
 }
 
-/// Parses a segment file name into (base offset, leader epoch).
+/// Parses a segment file name, in today's form or the legacy `<base>-<epoch>.log`, into (base
+/// offset, leader epoch).
 pub fn parse_segment_file_name(name: &str) -> Option<(i64, i32)> {
     let stem = name.strip_suffix(".log")?;
-    let (base, epoch) = stem.split_once('-')?;
+    let (base, epoch) = stem.split_once('.').or_else(|| stem.split_once('-'))?;
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(base) || !all_digits(epoch) {
+        return None;
+    }
     Some((base.parse().ok()?, epoch.parse().ok()?))
+}
+
+/// Whether `name` is a segment under the name versions before Kafka-style names wrote.
+pub fn is_legacy_segment_name(name: &str) -> bool {
+    parse_segment_file_name(name).is_some() && name.as_bytes().get(20) == Some(&b'-')
+}
+
+/// Renames the legacy-named segments of a partition directory (and their saved indexes) to
+/// today's names, index first: a crash between the two renames leaves a legacy-named segment
+/// whose index already has its new name, which the next open finishes. Returns how many
+/// segments were renamed; the caller makes the renames durable (one directory fsync).
+/// Blocking (directory operations).
+pub fn migrate_legacy_names(dir: &Path) -> Result<usize, StorageError> {
+    let mut renamed = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| StorageError::io("listing", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("listing", dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !is_legacy_segment_name(name) {
+            continue;
+        }
+        let (base, epoch) = parse_segment_file_name(name).expect("checked above");
+        let old = entry.path();
+        let new = dir.join(segment_file_name(base, epoch));
+        let (old_index, new_index) = (
+            crate::index::file::path_for(&old),
+            crate::index::file::path_for(&new),
+        );
+        match std::fs::rename(&old_index, &new_index) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StorageError::io("renaming index", &old_index, e)),
+        }
+        std::fs::rename(&old, &new).map_err(|e| StorageError::io("renaming segment", &old, e))?;
+        renamed += 1;
+    }
+    Ok(renamed)
 }
 
 pub struct Segment {
@@ -345,9 +394,54 @@ mod tests {
     #[test]
     fn names_round_trip() {
         let n = segment_file_name(123, 4);
-        assert_eq!(n, "00000000000000000123-0000000004.log");
+        assert_eq!(n, "00000000000000000123.0000000004.log");
         assert_eq!(parse_segment_file_name(&n), Some((123, 4)));
+        assert!(!is_legacy_segment_name(&n));
         assert_eq!(parse_segment_file_name("manifest.json"), None);
+        assert_eq!(
+            parse_segment_file_name("00000000000000000123.0000000004.index"),
+            None
+        );
+        assert_eq!(parse_segment_file_name("00000000000000000123.log"), None);
+        assert_eq!(
+            parse_segment_file_name("0000000000000000012x.0000000004.log"),
+            None
+        );
         assert!(segment_file_name(9, 0) < segment_file_name(10, 0));
+    }
+
+    // What versions before Kafka-style names wrote still parses, and is renamed with its index.
+    #[test]
+    fn legacy_names_are_read_and_migrated() {
+        let legacy = "00000000000000000123-0000000004.log";
+        assert_eq!(parse_segment_file_name(legacy), Some((123, 4)));
+        assert!(is_legacy_segment_name(legacy));
+        let dir = std::env::temp_dir().join(format!("kaas-seg-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(legacy), b"batches").unwrap();
+        std::fs::write(dir.join("00000000000000000123-0000000004.index"), b"idx").unwrap();
+        std::fs::write(dir.join("00000000000000000200-0000000005.log"), b"more").unwrap();
+        std::fs::write(dir.join("00000000000000000300.0000000006.log"), b"new").unwrap();
+        assert_eq!(migrate_legacy_names(&dir).unwrap(), 2);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "00000000000000000123.0000000004.index",
+                "00000000000000000123.0000000004.log",
+                "00000000000000000200.0000000005.log",
+                "00000000000000000300.0000000006.log",
+            ]
+        );
+        assert_eq!(
+            std::fs::read(dir.join("00000000000000000123.0000000004.log")).unwrap(),
+            b"batches"
+        );
+        assert_eq!(migrate_legacy_names(&dir).unwrap(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -237,7 +237,7 @@ fn compaction_keeps_latest_per_key() {
                     .file_name()
                     .to_str()
                     .and_then(|n| n.strip_suffix(".log"))
-                    .and_then(|n| n.split('-').next())
+                    .and_then(|n| n.split(['.', '-']).next())
                     .and_then(|b| b.parse::<i64>().ok())
             })
             .max()
@@ -679,4 +679,80 @@ fn a_close_reports_what_it_kept() {
         let reopened = open_default(path).await;
         assert_eq!(reopened.log_end_offset(), 3);
     });
+}
+
+// A partition written by a version that named segments `<base>-<epoch>.log` (and stored the
+// manifest's epoch as `leader_epoch`) opens with every record, its segments renamed to
+// Kafka-style names, and a manifest older versions refuse to read.
+#[test]
+fn legacy_segment_names_are_migrated_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    let p2 = path.clone();
+    let segment_names = |path: &std::path::Path| {
+        let mut names: Vec<String> = std::fs::read_dir(path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        names.sort();
+        names
+    };
+    run(move || async move {
+        let cfg = LogConfig {
+            segment_bytes: 200,
+            ..LogConfig::default()
+        };
+        let log = PartitionLog::open(p2.clone(), cfg.clone(), LeaderEpoch(3))
+            .await
+            .unwrap();
+        for i in 0..10u8 {
+            append_at(&log, &batch(BatchSpec::default(), &[&[i; 50]]), 3).await;
+        }
+        log.close().await.unwrap();
+        drop(log);
+        // What the older version left: legacy names, and the manifest under its old key.
+        let names = segment_names(&p2);
+        assert!(names.len() >= 5, "expected several segments, got {names:?}");
+        for name in &names {
+            let (base, epoch) = name.strip_suffix(".log").unwrap().split_once('.').unwrap();
+            assert_eq!(base.len(), 20, "{name}");
+            std::fs::rename(p2.join(name), p2.join(format!("{base}-{epoch}.log"))).unwrap();
+            let index = p2.join(format!("{base}.{epoch}.index"));
+            if index.exists() {
+                std::fs::rename(&index, p2.join(format!("{base}-{epoch}.index"))).unwrap();
+            }
+        }
+        let manifest = p2.join("manifest.json");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        assert!(text.contains("\"epoch\""), "{text}");
+        std::fs::write(&manifest, text.replace("\"epoch\"", "\"leader_epoch\"")).unwrap();
+
+        let log = PartitionLog::open(p2.clone(), cfg, LeaderEpoch(3))
+            .await
+            .unwrap();
+        assert_eq!(log.log_end_offset(), 10);
+        let mut off = 0;
+        while off < 10 {
+            let r = log.read(off, 1 << 20).await.unwrap();
+            let hs = verify_produced_record_set(&r.records).unwrap();
+            assert_eq!(hs[0].base_offset, off);
+            off = hs.last().unwrap().last_offset() + 1;
+        }
+        assert_eq!(segment_names(&p2), names, "renamed back to today's names");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        assert!(
+            text.contains("\"epoch\": 3") && !text.contains("leader_epoch"),
+            "{text}"
+        );
+        append_at(&log, &batch(BatchSpec::default(), &[b"after"]), 3).await;
+        assert_eq!(log.log_end_offset(), 11);
+    });
+    // Nothing but today's names is left.
+    let left: Vec<String> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| kaas_storage::is_legacy_segment_name(n) || n.contains("-0000"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

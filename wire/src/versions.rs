@@ -31,10 +31,13 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     // kafka-log-dirs and UIs: one log directory, partition sizes, the volume's bytes (v4).
     (ApiKey::DescribeLogDirs, 1, 4),
     // What admin tools and UIs read (shard/src/handlers/describe.rs): producer state per
-    // partition, and the empty answers of quotas, SCRAM users and reassignments.
+    // partition, and the empty answers of quotas and SCRAM users.
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeClientQuotas, 0, 1),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
+    // kafka-reassign-partitions: a reassignment moves a partition's leadership to the one
+    // broker it names, copying nothing (shard/src/handlers/reassign.rs).
+    (ApiKey::AlterPartitionReassignments, 0, 1),
     (ApiKey::ListPartitionReassignments, 0, 0),
     // kafka-leader-election: a partition's one replica always leads it (handlers/elect.rs).
     (ApiKey::ElectLeaders, 0, 2),
@@ -188,6 +191,9 @@ mod tests {
                 }
                 ApiKey::ListPartitionReassignments => {
                     within::<ListPartitionReassignmentsRequest>(*lo, *hi)
+                }
+                ApiKey::AlterPartitionReassignments => {
+                    within::<AlterPartitionReassignmentsRequest>(*lo, *hi)
                 }
                 ApiKey::ElectLeaders => within::<ElectLeadersRequest>(*lo, *hi),
                 ApiKey::FindCoordinator => within::<FindCoordinatorRequest>(*lo, *hi),

@@ -14,8 +14,7 @@ use kaas_wire::kafka_protocol::messages::describe_user_scram_credentials_respons
 use kaas_wire::kafka_protocol::messages::{
     DescribeClientQuotasRequest, DescribeClientQuotasResponse, DescribeProducersRequest,
     DescribeProducersResponse, DescribeUserScramCredentialsRequest,
-    DescribeUserScramCredentialsResponse, ListPartitionReassignmentsRequest,
-    ListPartitionReassignmentsResponse, ProducerId,
+    DescribeUserScramCredentialsResponse, ProducerId,
 };
 use kaas_wire::kafka_protocol::protocol::StrBytes;
 
@@ -121,12 +120,4 @@ pub fn describe_user_scram_credentials(
         })
         .collect();
     DescribeUserScramCredentialsResponse::default().with_results(results)
-}
-
-/// No reassignment is ever in progress: kaas keeps one copy of each partition on the shared
-/// volume, so moving a partition moves its leadership and copies nothing.
-pub fn list_partition_reassignments(
-    _req: ListPartitionReassignmentsRequest,
-) -> ListPartitionReassignmentsResponse {
-    ListPartitionReassignmentsResponse::default()
 }

@@ -48,6 +48,9 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))
         }
         R::ListPartitionReassignments(r) => f(r.error_code),
+        R::AlterPartitionReassignments(r) => {
+            all(&mut std::iter::once(r.error_code).chain(nested!(r.responses, partitions)))
+        }
         R::ElectLeaders(r) => all(&mut std::iter::once(r.error_code)
             .chain(nested!(r.replica_election_results, partition_result))),
         _ => each_in_group_response(response, f),

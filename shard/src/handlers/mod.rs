@@ -13,6 +13,7 @@ mod log_dirs;
 mod metadata;
 mod offsets;
 mod produce;
+mod reassign;
 
 use std::future::Future;
 use std::rc::Rc;
@@ -151,9 +152,12 @@ pub async fn handle(
             ResponseKind::DescribeUserScramCredentials(describe::describe_user_scram_credentials(r))
         }
         RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(elect::elect_leaders(shard, r)),
-        RequestKind::ListPartitionReassignments(r) => {
-            ResponseKind::ListPartitionReassignments(describe::list_partition_reassignments(r))
-        }
+        RequestKind::ListPartitionReassignments(r) => ResponseKind::ListPartitionReassignments(
+            reassign::list_partition_reassignments(shard, r),
+        ),
+        RequestKind::AlterPartitionReassignments(r) => ResponseKind::AlterPartitionReassignments(
+            reassign::alter_partition_reassignments(shard, r),
+        ),
         RequestKind::DescribeConfigs(r) => {
             ResponseKind::DescribeConfigs(configs::describe_configs(shard, r))
         }

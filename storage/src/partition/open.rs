@@ -21,6 +21,15 @@ impl PartitionLog {
         let stored = Manifest::load(&dir)?;
         let had_manifest = stored.is_some();
         let manifest = stored.unwrap_or_default();
+        if had_manifest && legacy_names_present(&dir)? {
+            // The manifest is rewritten first, under the key older versions do not read, so
+            // that no older broker sharing the volume can open the partition once a segment
+            // has its new name (see `Manifest::leader_epoch`).
+            manifest.store(&dir)?;
+            let renamed = crate::segment::migrate_legacy_names(&dir)?;
+            crate::segment::sync_dir(&dir)?;
+            tracing::info!(dir = %dir.display(), renamed, "renamed segments to Kafka-style names (<base offset>.<leader epoch>.log)");
+        }
         let mut names: Vec<(i64, i32, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
             let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
@@ -201,4 +210,19 @@ impl PartitionLog {
             close_finished: Semaphore::new(0),
         }))
     }
+}
+
+/// Whether `dir` holds a segment under the name versions before Kafka-style names wrote.
+fn legacy_names_present(dir: &std::path::Path) -> Result<bool, StorageError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| StorageError::io("listing", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("listing", dir, e))?;
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(crate::segment::is_legacy_segment_name)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
