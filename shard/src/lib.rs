@@ -44,6 +44,10 @@ use crate::shard::Shard;
 const TICK: Duration = Duration::from_millis(100);
 /// Partition offsets and groups are published for `/metrics` every this many ticks (1 s).
 const PUBLISH_EVERY_TICKS: u64 = 10;
+/// How many times (a second apart) a shard retries claiming a group that moved here while its
+/// previous coordinator still holds it: that broker releases it once it applies the move
+/// (within a second or two), or loses it with its process.
+const GROUP_CLAIM_RETRIES: usize = 30;
 
 /// A running set of shards.
 pub struct BrokerRuntime {
@@ -291,6 +295,24 @@ async fn serve_control(shard: Rc<Shard>, inbox: control_channel::ControlReceiver
                     .release_unless(|g| view.coordinator(g) == Some(me))
                     .await;
                 let _ = done.send(());
+                // The groups that moved here are loaded now, not on their first request (see
+                // `GroupManager::claim_coordinated`); one still locked by its previous
+                // coordinator is retried each second for as long as it stays ours.
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    for _ in 0..GROUP_CLAIM_RETRIES {
+                        let view = shard.cluster.clone();
+                        let held = shard
+                            .groups
+                            .claim_coordinated(|g| view.coordinator(g) == Some(me))
+                            .await;
+                        if held == 0 {
+                            break;
+                        }
+                        glommio::timer::sleep(Duration::from_secs(1)).await;
+                    }
+                })
+                .detach();
             }
             ControlMsg::Revalidate { partitions, done } => {
                 let mut failed = Vec::new();

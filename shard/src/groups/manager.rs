@@ -267,6 +267,47 @@ impl GroupManager {
         }
     }
 
+    /// Cluster mode: claims (and so loads) every group on the shared volume that this shard
+    /// owns and `coordinates` says this broker coordinates, without waiting for a request. A
+    /// group whose consumers are all gone sends none, and unclaimed it would vanish from the
+    /// metrics with its committed offsets — exactly when its lag matters. Returns how many are
+    /// still held by their previous coordinator (it has not applied the move yet), for a retry.
+    pub async fn claim_coordinated(&self, coordinates: impl Fn(&str) -> bool) -> usize {
+        if !self.shared_volume {
+            return 0;
+        }
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return 0;
+        };
+        let mut held_elsewhere = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name.to_string_lossy().contains(".deleted") {
+                continue;
+            }
+            let Ok(raw) = std::fs::read(entry.path().join(GROUP_ID_FILE)) else {
+                continue; // never committed to
+            };
+            let Ok(group_id) = String::from_utf8(raw) else {
+                continue;
+            };
+            if !self.owns(&group_id)
+                || !coordinates(&group_id)
+                || self.claims.borrow().contains_key(&group_id)
+            {
+                continue;
+            }
+            match self.claim(&group_id).await {
+                Ok(()) => {}
+                Err(GroupError::LoadInProgress(_)) => held_elsewhere += 1,
+                Err(e) => {
+                    tracing::warn!(group = %group_id, error = %e, "cannot load a group this broker now coordinates; a request for it retries");
+                }
+            }
+        }
+        held_elsewhere
+    }
+
     pub fn get(&self, group_id: &str) -> Option<Rc<Group>> {
         self.groups.borrow().get(group_id).cloned()
     }

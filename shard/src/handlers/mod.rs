@@ -29,7 +29,8 @@ use kaas_wire::versions;
 /// every operation a resource type supports, so that is what a client asking gets: bit `n` set
 /// for AclOperation code `n` (READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7, DESCRIBE 8,
 /// CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12), the sets of
-/// Kafka's `AclEntry.supportedOperations`. Not asked for: i32::MIN, as Kafka encodes it.
+/// Kafka 4.4's `AclEntry.supportedOperations` (a group's include its configs, which KIP-848
+/// made alterable). Not asked for: i32::MIN, as Kafka encodes it.
 pub(crate) mod authorized {
     const fn bits(ops: &[u8]) -> i32 {
         let mut v = 0;
@@ -43,7 +44,7 @@ pub(crate) mod authorized {
     pub const OMITTED: i32 = i32::MIN;
     pub const TOPIC: i32 = bits(&[3, 4, 5, 6, 7, 8, 10, 11]);
     pub const CLUSTER: i32 = bits(&[5, 7, 8, 9, 10, 11, 12]);
-    pub const GROUP: i32 = bits(&[3, 6, 8]);
+    pub const GROUP: i32 = bits(&[3, 6, 8, 10, 11]);
 
     /// `all` if the request asked for the operations, else [`OMITTED`].
     pub fn operations(asked: bool, all: i32) -> i32 {
