@@ -3,15 +3,18 @@
 #
 # Starts both brokers (their data in one directory, so on the same disk; Kafka single-node KRaft
 # through scripts/run-apache-kafka.sh with a fixed heap), runs the same workloads against each
-# with the same clients — kaas-bench, and Kafka's own ProducerPerformance / ConsumerPerformance
-# from the Kafka jars — alternating which broker goes first, records each broker's resident
+# with the same clients — kaas-bench, librdkafka's rdkafka_performance (built by
+# bench/build-rdkafka-performance.sh from the rdkafka-sys crate's librdkafka), and Kafka's own
+# ProducerPerformance / ConsumerPerformance from the Kafka jars — alternating which broker goes
+# first, measuring each broker's CPU seconds per GiB moved, records each broker's resident
 # memory from /proc after every workload, and prints a table of figures and kaas/Kafka ratios
 # with the durability of each row. Every process it starts is stopped when it exits.
 #
 # Usage: bench/compare.sh [--duration SECONDS] [--warmup SECONDS] [--long] [--quick]
 #                         [--e2e-rate MSG_PER_S] [--only kaas|kafka] [--workloads LIST]
 #                         [--kaas-bin PATH] [--bench-bin PATH] [--kafka-heap OPTS]
-#                         [--shards N] [--workdir DIR] [--keep] [--markdown FILE]
+#                         [--shards N] [--pinned] [--memory-limit MIB] [--workdir DIR]
+#                         [--keep] [--markdown FILE]
 #   --duration   measured seconds per workload and broker (default 10; --long = 60, --quick = 3)
 #   --warmup     warm-up seconds before each measurement (default 2)
 #   --e2e-rate   fixed rate of the end-to-end workload, below both brokers' saturation (10000)
@@ -25,6 +28,12 @@
 #                (CARGO_TARGET_DIR=${KAAS_BENCH_TARGET_DIR:-~/.cache/kaas-target-bench})
 #   --kafka-heap JVM heap of the Kafka broker (default "-Xmx1g -Xms1g", Kafka's own default)
 #   --shards     kaas shards (default: nproc)
+#   --pinned     broker on core 0 (kaas --shards 1; Kafka's JVM confined to core 0 and told it
+#                has one processor), every client on core 1: CPU per core, without the client
+#                and the broker competing for cores
+#   --memory-limit  run each broker in its own memory cgroup of this many MiB (cgroup v2
+#                memory.max, or v1 memory.limit_in_bytes; needs root), as a pod limit would;
+#                the table then shows each broker's OOM kills and peak cgroup memory
 #   --workdir    where data, logs and results go (default ~/.cache/kaas/compare/<timestamp>);
 #                broker data is deleted at the end unless --keep
 #   --markdown   also write the table (markdown) to this file
@@ -42,6 +51,8 @@ kaas_bin=""
 bench_bin=""
 kafka_heap="-Xmx1g -Xms1g"
 shards="$(nproc)"
+memory_limit=""
+pinned=0
 workdir=""
 keep=0
 markdown=""
@@ -60,6 +71,8 @@ while [[ $# -gt 0 ]]; do
         --bench-bin) bench_bin="$2"; shift 2 ;;
         --kafka-heap) kafka_heap="$2"; shift 2 ;;
         --shards) shards="$2"; shift 2 ;;
+        --memory-limit) memory_limit="$2"; shift 2 ;;
+        --pinned) pinned=1; shift ;;
         --workdir) workdir="$2"; shift 2 ;;
         --keep) keep=1; shift ;;
         --markdown) markdown="$2"; shift 2 ;;
@@ -70,7 +83,15 @@ done
 [[ "$duration" =~ ^[0-9]+$ && "$warmup" =~ ^[0-9]+$ && "$e2e_rate" =~ ^[0-9]+$ ]] \
     || die "--duration, --warmup and --e2e-rate take whole numbers"
 [[ -z "$only" || "$only" == kaas || "$only" == kafka ]] || die "--only takes kaas or kafka"
+[[ -z "$memory_limit" || "$memory_limit" =~ ^[0-9]+$ ]] || die "--memory-limit takes MiB"
 has_workload() { [[ ",$workloads," == *",$1,"* ]]; }
+# --pinned: commands run under taskset; the broker on core 0, clients on core 1.
+broker_cpu=(); client_cpu=()
+if [[ $pinned == 1 ]]; then
+    (( $(nproc) >= 2 )) || die "--pinned needs two cores"
+    command -v taskset > /dev/null || die "--pinned needs taskset (util-linux)"
+    broker_cpu=(taskset -c 0); client_cpu=(taskset -c 1); shards=1
+fi
 
 log() { echo "[compare $(date +%H:%M:%S)] $*" >&2; }
 
@@ -101,6 +122,11 @@ if [[ -z "$bench_bin" ]]; then
 fi
 [[ -x "$bench_bin" ]] || die "kaas-bench binary $bench_bin not found"
 kafka_libs="$("$root/scripts/fetch-kafka.sh")"
+rdperf="$("$here/build-rdkafka-performance.sh" 2>/dev/null)" || {
+    rdperf=""
+    notes+=("rdkafka_performance could not be built (bench/build-rdkafka-performance.sh): its rows are n/a")
+    log "${notes[-1]}"
+}
 kafka_version="$(cat "$kafka_libs/.kafka-version" 2>/dev/null || echo unknown)"
 
 # ---- work directory and process control ---------------------------------------------------------
@@ -122,6 +148,7 @@ stop_all() {
         wait "$p" 2>/dev/null || true
     done
     started=()
+    if [[ -n "$memory_limit" ]]; then remove_cgroups; fi
     if [[ $keep == 0 ]]; then rm -rf "$workdir/kaas-data" "$workdir/kafka-data"; fi
 }
 trap stop_all EXIT
@@ -139,19 +166,65 @@ wait_port() { # PORT SECONDS PID
     done
     return 1
 }
+# utime + stime of a process (fields 14 and 15 of /proc/PID/stat; the name field has no spaces
+# for kaas or java), in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 hwm_kib() { awk '/^VmHWM:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 # The process's own memory, without the page cache of files it maps (kaas maps the segments it
 # serves, which VmRSS counts; Kafka's JVM heap is anonymous either way).
 anon_kib() { awk '/^RssAnon:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
+# ---- memory cgroups (--memory-limit) -------------------------------------------------------------
+# Each broker gets its own cgroup, entered by the launching shell before it execs the broker, so
+# every process and thread it starts is inside. Works with cgroup v2 (memory.max, memory.events)
+# and v1 (memory.limit_in_bytes, memory.oom_control).
+cgroup_root=""
+if [[ -n "$memory_limit" ]]; then
+    if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then cgroup_root=/sys/fs/cgroup; cgroup_v=2
+    elif [[ -d /sys/fs/cgroup/memory ]]; then cgroup_root=/sys/fs/cgroup/memory; cgroup_v=1
+    else die "--memory-limit: no memory cgroup hierarchy under /sys/fs/cgroup"; fi
+fi
+declare -A cgroup
+make_cgroup() { # BROKER -> path
+    local cg="$cgroup_root/kaas-compare-$1-$$"
+    mkdir -p "$cg" || die "--memory-limit: cannot create $cg (root needed)"
+    if [[ $cgroup_v == 2 ]]; then
+        echo "$((memory_limit * 1048576))" > "$cg/memory.max"
+    else
+        echo "$((memory_limit * 1048576))" > "$cg/memory.limit_in_bytes"
+    fi
+    cgroup[$1]="$cg"
+}
+in_cgroup() { # BROKER CMD... : runs CMD inside the broker's cgroup (plain when no limit)
+    local b="$1"; shift
+    if [[ -z "$memory_limit" ]]; then exec "$@"; fi
+    make_cgroup "$b"
+    echo $$ > "${cgroup[$b]}/cgroup.procs"
+    exec "$@"
+}
+oom_kills() { # BROKER
+    local cg="$cgroup_root/kaas-compare-$1-$$"
+    if [[ $cgroup_v == 2 ]]; then awk '/^oom_kill /{print $2}' "$cg/memory.events" 2>/dev/null || echo "?"
+    else awk '/^oom_kill /{print $2}' "$cg/memory.oom_control" 2>/dev/null || echo "?"; fi
+}
+peak_cgroup_kib() { # BROKER
+    local cg="$cgroup_root/kaas-compare-$1-$$" f
+    if [[ $cgroup_v == 2 ]]; then f="$cg/memory.peak"; else f="$cg/memory.max_usage_in_bytes"; fi
+    [[ -r "$f" ]] && echo $(($(cat "$f") / 1024)) || echo 0
+}
+remove_cgroups() {
+    local b
+    for b in kaas kafka; do rmdir "$cgroup_root/kaas-compare-$b-$$" 2>/dev/null || true; done
+}
+
 start_kaas() {
     local port hport
     port="$(free_port)"; hport="$(free_port)"
     mkdir -p "$workdir/kaas-data"
-    "$kaas_bin" --listen "127.0.0.1:$port" --advertised-listener "127.0.0.1:$port" \
+    (in_cgroup kaas "${broker_cpu[@]}" "$kaas_bin" --listen "127.0.0.1:$port" --advertised-listener "127.0.0.1:$port" \
         --data-dir "$workdir/kaas-data" --shards "$shards" --health-listen "127.0.0.1:$hport" \
-        --retention-check-interval-ms 1000 > "$workdir/kaas.log" 2>&1 &
+        --retention-check-interval-ms 1000) > "$workdir/kaas.log" 2>&1 &
     pid[kaas]=$!; started+=("$!"); addr[kaas]="127.0.0.1:$port"
     local i
     for i in $(seq 1 300); do
@@ -178,8 +251,12 @@ p1000_cfg=(--topic-config segment.bytes=8388608 --topic-config retention.bytes=4
 start_kafka() {
     local port
     port="$(free_port)"
-    KAFKA_HEAP_OPTS="$kafka_heap" KAFKA_EXTRA_PROPS="$kafka_retention_props" \
-        "$root/scripts/run-apache-kafka.sh" "$port" "$workdir/kafka-data" \
+    (export KAFKA_HEAP_OPTS="$kafka_heap" KAFKA_EXTRA_PROPS="$kafka_retention_props"
+     if [[ $pinned == 1 ]]; then
+         # Kafka's default JVM options, plus one processor: GC and pool sizes follow the core.
+         export KAFKA_JVM_OPTS="-server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true -XX:ActiveProcessorCount=1"
+     fi
+     in_cgroup kafka "${broker_cpu[@]}" "$root/scripts/run-apache-kafka.sh" "$port" "$workdir/kafka-data") \
         > "$workdir/kafka.log" 2>&1 &
     pid[kafka]=$!; started+=("$!"); addr[kafka]="127.0.0.1:$port"
     if ! wait_port "$port" 120 "${pid[kafka]}"; then
@@ -228,11 +305,15 @@ kb() { # WORKLOAD BROKER MODE kaas-bench-args... (later options override the def
     local base="$res/$w.$b.kb"
     if [[ "$mode" == consume ]]; then settle; else settle write; fi
     log "$w on $b: kaas-bench $mode $*"
-    if ! timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
+    local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
+    if ! "${client_cpu[@]}" timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
         --warmup "${warmup}s" --duration "${duration}s" --quiet --json "$base.json" "$@" \
         > "$base.txt" 2>&1; then
         log "  kaas-bench failed, see $base.txt"; tail -5 "$base.txt" >&2 || true
     fi
+    # The broker's CPU over the whole run (warm-up included), against the bytes the tool moved
+    # over the whole run (`total_bytes`): broker CPU seconds per GiB.
+    echo "$(( $(cpu_ticks "${pid[$b]}") - cpu0 )) $(getconf CLK_TCK)" > "$base.cpu"
     grep -E '^(produce|consume)' "$base.txt" | sed 's/^/    /' >&2 || true
 }
 
@@ -246,7 +327,7 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     [[ -n "$records" && "$records" -gt 0 ]] || { log "$w on $b: ProducerPerformance skipped (no record count)"; return; }
     settle write
     log "$w on $b: ProducerPerformance acks=$acks records=$records throughput=$tput"
-    timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
+    "${client_cpu[@]}" timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
         --record-size 1024 --throughput "$tput" --warmup-records "$wrec" \
         --command-property "bootstrap.servers=${addr[$b]}" "acks=$acks" batch.size=16384 \
@@ -255,13 +336,37 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     grep -E 'records sent' "$base.txt" | tail -1 | sed 's/^/    /' >&2 || true
 }
 
+# librdkafka's rdkafka_performance: produce COUNT 1 KiB messages to random partitions (acks as
+# given, batch.size and linger.ms as the other clients), or consume COUNT messages as a group
+# member from the beginning. The broker's CPU over the run is recorded as for kaas-bench.
+rp() { # WORKLOAD BROKER produce|consume TOPIC COUNT [ACKS]
+    local w="$1" b="$2" mode="$3" topic="$4" n="$5" acks="${6:-1}"
+    local base="$res/$w.$b.rp"
+    [[ -n "$rdperf" ]] || return 0
+    [[ -n "$n" && "$n" -gt 0 ]] || { log "$w on $b: rdkafka_performance skipped (no count)"; return; }
+    local -a args
+    if [[ "$mode" == produce ]]; then
+        settle write
+        args=(-P -t "$topic" -s 1024 -a "${acks/all/-1}" -c "$n" -X batch.size=16384 -X linger.ms=5)
+    else
+        settle
+        args=(-G "compare-rp-$w-$RANDOM" -t "$topic" -c "$n" -e -X auto.offset.reset=earliest)
+    fi
+    log "$w on $b: rdkafka_performance ${args[*]}"
+    local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
+    "${client_cpu[@]}" timeout $((duration * 6 + warmup + 120)) "$rdperf" -b "${addr[$b]}" -q \
+        "${args[@]}" > "$base.txt" 2>&1 || log "  rdkafka_performance failed or timed out, see $base.txt"
+    echo "$(( $(cpu_ticks "${pid[$b]}") - cpu0 )) $(getconf CLK_TCK)" > "$base.cpu"
+    grep -E '^% [0-9]+ messages' "$base.txt" | tail -1 | sed 's/^/    /' >&2 || true
+}
+
 cperf() { # WORKLOAD BROKER TOPIC MESSAGES
     local w="$1" b="$2" topic="$3" n="$4"
     local base="$res/$w.$b.cp"
     [[ -n "$n" && "$n" -gt 0 ]] || { log "$w on $b: ConsumerPerformance skipped (nothing stored)"; return; }
     settle
     log "$w on $b: ConsumerPerformance num-records=$n"
-    timeout $((duration * 6 + 120)) java -Xmx512m -cp "$kafka_libs/*" \
+    "${client_cpu[@]}" timeout $((duration * 6 + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ConsumerPerformance --bootstrap-server "${addr[$b]}" \
         --topic "$topic" --num-records "$n" --timeout 15000 --group "compare-$w-$RANDOM" \
         > "$base.txt" 2>&1 || log "  ConsumerPerformance failed or timed out, see $base.txt"
@@ -272,6 +377,9 @@ memory() { # WORKLOAD
     local b
     for b in "${brokers[@]}"; do
         echo "$1 $b $(rss_kib "${pid[$b]}") $(hwm_kib "${pid[$b]}") $(anon_kib "${pid[$b]}")" >> "$res/memory.txt"
+        if [[ -n "$memory_limit" ]]; then
+            echo "$1 $b $memory_limit $(oom_kills "$b") $(peak_cgroup_kib "$b") $(kill -0 "${pid[$b]}" 2>/dev/null && echo alive || echo dead)" >> "$res/cgroup.txt"
+        fi
     done
 }
 
@@ -308,6 +416,7 @@ produce_workload() { # WORKLOAD TOPIC PARTITIONS ACKS AGAIN [kaas-bench extra ar
     for b in $(reverse "${bs[@]}"); do
         rate="$(kb_rate "$w" "$b")"
         pp "$w" "$b" "$topic" "$acks" "$(pp_records "$rate")" -1 "$(pp_warmup "$rate")"
+        rp "$w" "$b" produce "$topic" "$(pp_records "$rate")" "$acks"
     done
     memory "$w"
     turn=$((turn + 1))
@@ -378,6 +487,7 @@ if has_workload consume; then
     for b in $(reverse "${bs[@]}"); do
         n="$(json_field "$res/consume.$b.kb.json" "d['consume']['expected_messages']")"
         cperf consume "$b" c-p100 "${n:-0}"
+        rp consume "$b" consume c-p100 "${n:-0}"
     done
     memory consume
     turn=$((turn + 1))

@@ -63,6 +63,37 @@ def load_pp(res, w, b):
     return found
 
 
+RP_PRODUCE_RE = re.compile(
+    r"^% (?P<messages>\d+) messages produced \((?P<bytes>\d+) bytes\), (?P<delivered>\d+) delivered"
+    r".* in (?P<ms>\d+)ms: (?P<msg_per_s>\d+) msgs/s and (?P<mb_per_s>[\d.]+) MB/s, (?P<failures>\d+) produce failures")
+RP_CONSUME_RE = re.compile(
+    r"^% (?P<messages>\d+) messages \((?P<bytes>\d+) bytes\) consumed in (?P<ms>\d+)ms: "
+    r"(?P<msg_per_s>\d+) msgs/s \((?P<mb_per_s>[\d.]+) MB/s\)")
+
+
+def load_rp(res, w, b):
+    """The last summary line of rdkafka_performance (its MB/s are 10^6 bytes per second), and
+    the broker CPU seconds per GiB over the run (<w>.<b>.rp.cpu)."""
+    try:
+        text = open(os.path.join(res, f"{w}.{b}.rp.txt")).read()
+    except OSError:
+        return None
+    found = None
+    for line in text.splitlines():
+        m = RP_PRODUCE_RE.search(line) or RP_CONSUME_RE.search(line)
+        if m:
+            found = {k: float(v) for k, v in m.groupdict().items()}
+    if found is None:
+        return None
+    try:
+        ticks, hz = open(os.path.join(res, f"{w}.{b}.rp.cpu")).read().split()
+        if found["bytes"] > 0:
+            found["cpu_per_gib"] = (int(ticks) / int(hz)) / (found["bytes"] / 2**30)
+    except (OSError, ValueError):
+        pass
+    return found
+
+
 def load_cp(res, w, b):
     """fetch.nMsg.sec and fetch.MB.sec (rebalance time excluded) from the CSV line."""
     try:
@@ -95,6 +126,19 @@ def get(d, *path):
     return d
 
 
+def cpu_per_gib(res, w, b, side):
+    """Broker CPU seconds per GiB of record bytes the kaas-bench run moved (its `total_bytes`,
+    warm-up included, as the CPU is), from <w>.<b>.kb.cpu ("ticks clk_tck")."""
+    try:
+        ticks, hz = open(os.path.join(res, f"{w}.{b}.kb.cpu")).read().split()
+    except (OSError, ValueError):
+        return None
+    total = get(load_kb(res, w, b), side, "total_bytes")
+    if not total:
+        return None
+    return (int(ticks) / int(hz)) / (total / 2**30)
+
+
 def fmt(v, kind):
     if v is None:
         return "n/a"
@@ -104,8 +148,10 @@ def fmt(v, kind):
         return f"{v:,.1f}"
     if kind == "ms":
         return f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
-    if kind == "mib":
+    if kind in ("mib", "count"):
         return f"{v:,.0f}"
+    if kind == "cpu":
+        return f"{v:,.2f}"
     return str(v)
 
 
@@ -147,8 +193,13 @@ def main():
         add(w, "kaas-bench", "p50 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p50_ms"))
         add(w, "kaas-bench", "p99 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p99_ms"))
         add(w, "kaas-bench", "p99.9 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p999_ms"))
+        add(w, "kaas-bench", "broker CPU s/GiB", "cpu", "lower",
+            lambda b: cpu_per_gib(res, src[b], b, "produce"))
         add(w, "ProducerPerformance", "msg/s", "rate", "higher", lambda b: pp(b, "rate"))
         add(w, "ProducerPerformance", "p99 ms", "ms", "lower", lambda b: pp(b, "p99"))
+        rp = lambda b, k: get(load_rp(res, src[b], b), k)
+        add(w, "rdkafka_performance", "msg/s delivered", "rate", "higher", lambda b: rp(b, "msg_per_s"))
+        add(w, "rdkafka_performance", "broker CPU s/GiB", "cpu", "lower", lambda b: rp(b, "cpu_per_gib"))
 
     w = "consume"
     for src, label in (("consume", "first read"), ("consume-again", "second read")):
@@ -156,8 +207,14 @@ def main():
             lambda b, src=src: get(load_kb(res, src, b), "consume", "msg_per_s"))
         add(w, "kaas-bench", f"MB/s (batch bytes), {label}", "mb", "higher",
             lambda b, src=src: get(load_kb(res, src, b), "consume", "mb_per_s"))
+        add(w, "kaas-bench", f"broker CPU s/GiB, {label}", "cpu", "lower",
+            lambda b, src=src: cpu_per_gib(res, src, b, "consume"))
     add(w, "ConsumerPerformance", "msg/s (fetch time), third read", "rate", "higher",
         lambda b: get(load_cp(res, w, b), "msg_per_s"))
+    add(w, "rdkafka_performance", "msg/s (group), fourth read", "rate", "higher",
+        lambda b: get(load_rp(res, w, b), "msg_per_s"))
+    add(w, "rdkafka_performance", "broker CPU s/GiB, fourth read", "cpu", "lower",
+        lambda b: get(load_rp(res, w, b), "cpu_per_gib"))
 
     w = "e2e"
     for side, label in (("produce", "ack"), ("consume", "e2e")):
@@ -189,6 +246,24 @@ def main():
     vals = [mem.get(("end", b), (None, None, None))[1] for b in BROKERS]
     if any(v is not None for v in vals):
         rows.append(("memory", "/proc VmHWM", "peak RSS MiB", vals[0], vals[1], "mib", "lower"))
+
+    # --memory-limit: each broker's cgroup after the run (OOM kills, peak charged memory).
+    cg = {}
+    try:
+        for line in open(os.path.join(res, "cgroup.txt")):
+            parts = line.split()
+            if len(parts) >= 6 and parts[0] == "end":
+                cg[parts[1]] = (int(parts[2]), parts[3], int(parts[4]) / 1024, parts[5])
+    except OSError:
+        pass
+    if cg:
+        limit = next(iter(cg.values()))[0]
+        kills = [cg.get(b, (None, None))[1] for b in BROKERS]
+        rows.append(("memory", f"cgroup {limit} MiB", "OOM kills during the run",
+                     *[float(k) if k not in (None, "?") else None for k in kills], "count", "lower"))
+        peaks = [cg.get(b, (None, None, None))[2] for b in BROKERS]
+        rows.append(("memory", f"cgroup {limit} MiB", "peak cgroup memory MiB (page cache included)",
+                     peaks[0], peaks[1], "mib", "lower"))
 
     out = []
     out.append(f"Machine: {a.machine}")

@@ -11,7 +11,7 @@
 //! the new view → take over. Metadata reads this view; the ownership check reads the serving
 //! set; both follow the same accepted assignment.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,8 +39,10 @@ pub struct ClusterState {
     /// Topic → leader of each partition index (-1: none, e.g. in handover).
     leaders: HashMap<String, Vec<i32>>,
     /// Topics only in handover (every partition of theirs pending), which `leaders` lacks:
-    /// placed by a controller, unlike a topic created since the last file.
-    in_handover: HashSet<String>,
+    /// placed by a controller, unlike a topic created since the last file. With how many
+    /// partitions the controller placed (one past the highest pending index): a topic grown
+    /// since is not placed whole.
+    in_handover: HashMap<String, usize>,
 }
 
 impl ClusterState {
@@ -59,12 +61,15 @@ impl ClusterState {
                 row[index] = leader.0;
             }
         }
-        let in_handover = assignment
-            .iter()
-            .flat_map(|a| &a.pending)
-            .filter(|m| !leaders.contains_key(&m.topic))
-            .map(|m| m.topic.clone())
-            .collect();
+        let mut in_handover: HashMap<String, usize> = HashMap::new();
+        for m in assignment.iter().flat_map(|a| &a.pending) {
+            if leaders.contains_key(&m.topic) {
+                continue;
+            }
+            let placed = usize::try_from(m.partition).map_or(0, |i| i + 1);
+            let n = in_handover.entry(m.topic.clone()).or_default();
+            *n = (*n).max(placed);
+        }
         // A partition in handover is placed too, without a leader: its row reaches it.
         for m in assignment.iter().flat_map(|a| &a.pending) {
             if let (Some(row), Ok(index)) =
@@ -214,7 +219,7 @@ impl ClusterView {
             return true;
         }
         let state = self.state.load();
-        state.leaders.contains_key(topic) || state.in_handover.contains(topic)
+        state.leaders.contains_key(topic) || state.in_handover.contains_key(topic)
     }
 
     /// Whether a controller has placed `topic` with at least `partitions` partitions (after
@@ -227,7 +232,10 @@ impl ClusterView {
         let state = self.state.load();
         match state.leaders.get(topic) {
             Some(row) => row.len() >= usize::try_from(partitions).unwrap_or(0),
-            None => state.in_handover.contains(topic),
+            None => state
+                .in_handover
+                .get(topic)
+                .is_some_and(|&n| n >= usize::try_from(partitions).unwrap_or(0)),
         }
     }
 
@@ -498,5 +506,11 @@ mod tests {
         assert!(view.placed("led"));
         assert!(view.placed("moving"), "every partition in handover: placed");
         assert!(!view.placed("new"));
+        // Grown to three since the file (CreatePartitions): the one partition in handover
+        // does not make the new ones placed. Before, CreatePartitions answered at once here.
+        assert!(view.placed_partitions("moving", 1));
+        assert!(!view.placed_partitions("moving", 3));
+        assert!(view.placed_partitions("led", 1));
+        assert!(!view.placed_partitions("led", 3));
     }
 }

@@ -24,6 +24,7 @@ mod index;
 mod manifest;
 mod partition;
 mod producer;
+pub mod resident;
 mod segment;
 pub mod stats;
 

@@ -10,6 +10,7 @@
 //! the partition is next opened (`migrate_legacy_names`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Weak;
 
 use bytes::Bytes;
 use std::rc::Rc;
@@ -20,6 +21,7 @@ use kaas_wire::batch;
 
 use crate::index::{BatchEntry, BatchIndex};
 use crate::producer::ProducerStateTable;
+use crate::resident;
 use crate::StorageError;
 
 /// How much of a segment recovery reads per IO.
@@ -88,8 +90,9 @@ pub struct Segment {
     pub index: BatchIndex,
     /// When this segment was created or opened, for `segment.ms` rolls.
     pub opened_at: Instant,
-    /// The whole file memory-mapped, made on the first read after the segment is sealed.
-    pub map: std::cell::RefCell<Option<Bytes>>,
+    /// The file memory-mapped (the whole file once sealed, made on the first read then), and
+    /// the handle reads report the ranges they touch with (`resident`).
+    pub map: std::cell::RefCell<Option<(Bytes, Weak<memmap2::Mmap>)>>,
     /// The file's length: data plus zeros written ahead of it (see `PartitionLog::preallocate`).
     pub allocated: std::cell::Cell<u64>,
 }
@@ -297,7 +300,7 @@ impl Segment {
     /// mapped (see `PartitionLog::read`).
     pub fn mapped(&self) -> Result<Option<Bytes>, StorageError> {
         // A mapping made while the segment was active may be shorter than its final size.
-        if let Some(m) = self.map.borrow().as_ref() {
+        if let Some((m, _)) = self.map.borrow().as_ref() {
             if m.len() as u64 >= self.size {
                 return Ok(Some(m.clone()));
             }
@@ -305,18 +308,10 @@ impl Segment {
         if self.size == 0 {
             return Ok(None);
         }
-        let file = std::fs::File::open(&self.path)
-            .map_err(|e| StorageError::io("opening segment for mapping", &self.path, e))?;
         // SAFETY: sealed segments are never modified in place while kaas runs; the mapping is
         // read-only and only the first `size` bytes (whole, verified batches) are ever sliced.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(self.size as usize)
-                .map(&file)
-        }
-        .map_err(|e| StorageError::io("mapping segment", &self.path, e))?;
-        let bytes = Bytes::from_owner(map);
-        *self.map.borrow_mut() = Some(bytes.clone());
+        let (bytes, handle) = unsafe { resident::map_file(&self.path, self.size)? };
+        *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
     }
 
@@ -326,7 +321,7 @@ impl Segment {
     /// extend the file, and the only truncation (trimming the zeros when the segment is sealed)
     /// removes bytes past the data, which are never sliced.
     pub fn mapped_upto(&self, end: u64) -> Result<Option<Bytes>, StorageError> {
-        if let Some(m) = self.map.borrow().as_ref() {
+        if let Some((m, _)) = self.map.borrow().as_ref() {
             if m.len() as u64 >= end {
                 return Ok(Some(m.clone()));
             }
@@ -335,15 +330,19 @@ impl Segment {
         if len == 0 || len < end {
             return Ok(None);
         }
-        let file = std::fs::File::open(&self.path)
-            .map_err(|e| StorageError::io("opening segment for mapping", &self.path, e))?;
         // SAFETY: read-only mapping of bytes that exist in the file and are never truncated
         // while mapped (see above); only whole batches below `size` are ever sliced.
-        let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
-            .map_err(|e| StorageError::io("mapping segment", &self.path, e))?;
-        let bytes = Bytes::from_owner(map);
-        *self.map.borrow_mut() = Some(bytes.clone());
+        let (bytes, handle) = unsafe { resident::map_file(&self.path, len)? };
+        *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
+    }
+
+    /// Reports that a read sliced `[from, to)` of this segment's mapping, so that what reads
+    /// leave resident stays within the shard's budget (`resident`).
+    pub fn note_read(&self, from: usize, to: usize) {
+        if let Some((_, handle)) = self.map.borrow().as_ref() {
+            resident::touched(handle, from, to);
+        }
     }
 
     /// The segment's data (whole, verified batches up to `size`) from its memory mapping:

@@ -85,6 +85,7 @@ impl PartitionLog {
                 }
             }
             let end = seg.index.end_within(&data, first.end_position(), limit) as usize;
+            seg.note_read(from, end);
             return Ok(outcome(data.slice(from..end)));
         }
         Ok(outcome(Bytes::new()))

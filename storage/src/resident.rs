@@ -1,0 +1,191 @@
+//! How much of the segments' memory mappings stays resident in the broker's address space:
+//! bounded per shard.
+//!
+//! Fetches are served from memory-mapped segments without copying (`PartitionLog::read`).
+//! Every page a read touches stays mapped, and counts in the process's VmRSS, for as long as
+//! the mapping lives — a sealed segment's mapping lives as long as the segment. Reading 12 GB
+//! of history left a VmRSS of 12 GB (issue 16). Those are clean page-cache pages the kernel may
+//! drop at any time, but an operator reads a leak, and a pod's memory accounting sees them.
+//!
+//! So each read records the byte range it sliced, and when the ranges recorded on this shard
+//! exceed [`BUDGET_BYTES`], the oldest are released with `MADV_DONTNEED`: the pages leave this
+//! process's page tables (VmRSS falls) and stay in the page cache, and a later access faults
+//! them back in from the file. That is sound for these mappings because they are shared,
+//! read-only mappings of bytes nobody changes while they are mapped (a sealed segment is never
+//! rewritten in place — compaction writes a new file and retention unlinks — and the active
+//! segment only grows past the data that was mapped), so a slice still on its way to a socket
+//! reads the same bytes after the release.
+//!
+//! One [`Ranges`] per shard thread: nothing here is shared between threads. The bookkeeping is
+//! pure ([`Ranges::record`] says what to release) and tested apart from the `madvise`.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use memmap2::Mmap;
+
+use crate::StorageError;
+
+/// What a shard keeps resident of the ranges its reads touched. A consumer reading history
+/// sequentially needs only the pages in flight; 128 MiB leaves room for many partitions' tails
+/// being read at once (a page released too early costs a minor fault, not a disk read).
+pub const BUDGET_BYTES: usize = 128 << 20;
+
+/// Contiguous reads of one mapping are recorded as one range up to this size, so releasing
+/// goes in steps of a few MiB rather than a whole 1 GiB segment at once.
+const MAX_RANGE_BYTES: usize = 8 << 20;
+
+/// The owner of a segment mapping inside `Bytes` (zero-copy slices keep it alive); the segment
+/// keeps a `Weak` to it, so releasing never extends a mapping's life.
+struct MapOwner(Arc<Mmap>);
+
+impl AsRef<[u8]> for MapOwner {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A read-only shared mapping of the first `len` bytes of `path`, as zero-copy `Bytes`, and
+/// the handle [`touched`] takes.
+///
+/// # Safety
+/// The caller guarantees that the first `len` bytes of the file are not modified or truncated
+/// while the mapping lives (see the module docs).
+pub(crate) unsafe fn map_file(path: &Path, len: u64) -> Result<(Bytes, Weak<Mmap>), StorageError> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| StorageError::io("opening segment for mapping", path, e))?;
+    // SAFETY: forwarded to the caller.
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
+        .map_err(|e| StorageError::io("mapping segment", path, e))?;
+    let map = Arc::new(map);
+    let handle = Arc::downgrade(&map);
+    Ok((Bytes::from_owner(MapOwner(map)), handle))
+}
+
+/// The ranges a shard's reads touched, oldest first, and their total.
+#[derive(Default)]
+pub struct Ranges {
+    held: usize,
+    queue: VecDeque<(Weak<Mmap>, usize, usize)>,
+}
+
+impl Ranges {
+    /// Records that `[from, to)` of `map` was read, and returns the ranges to release so that
+    /// at most `budget` bytes stay recorded (the newest range is never released).
+    pub fn record(
+        &mut self,
+        map: &Weak<Mmap>,
+        from: usize,
+        to: usize,
+        budget: usize,
+    ) -> Vec<(Weak<Mmap>, usize, usize)> {
+        if to <= from {
+            return Vec::new();
+        }
+        let extended = match self.queue.back_mut() {
+            Some((m, start, len))
+                if Weak::ptr_eq(m, map) && *start + *len == from && *len < MAX_RANGE_BYTES =>
+            {
+                *len += to - from;
+                true
+            }
+            _ => false,
+        };
+        if !extended {
+            self.queue.push_back((map.clone(), from, to - from));
+        }
+        self.held += to - from;
+        let mut release = Vec::new();
+        while self.held > budget && self.queue.len() > 1 {
+            let (m, start, len) = self.queue.pop_front().expect("more than one range");
+            self.held -= len;
+            release.push((m, start, len));
+        }
+        release
+    }
+
+    /// Bytes recorded and not yet released.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+}
+
+thread_local! {
+    static RANGES: RefCell<(Ranges, usize)> = RefCell::new((Ranges::default(), BUDGET_BYTES));
+    static WARNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Sets this thread's budget (tests use a small one to see releases happen).
+pub fn set_budget(bytes: usize) {
+    RANGES.with(|r| r.borrow_mut().1 = bytes);
+}
+
+/// Records a read of `[from, to)` of the mapping behind `map`, releasing the oldest ranges
+/// past this thread's budget. A range whose mapping is gone needs no release.
+pub(crate) fn touched(map: &Weak<Mmap>, from: usize, to: usize) {
+    let release = RANGES.with(|r| {
+        let (ranges, budget) = &mut *r.borrow_mut();
+        ranges.record(map, from, to, *budget)
+    });
+    for (m, start, len) in release {
+        let Some(m) = m.upgrade() else { continue };
+        let len = len.min(m.len().saturating_sub(start));
+        // SAFETY: a shared, read-only mapping of file bytes that do not change while mapped
+        // (module docs): after MADV_DONTNEED, any access reads the same bytes from the page
+        // cache. memmap2 aligns the range to pages.
+        if let Err(e) =
+            unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) }
+        {
+            // Not expected on Linux; the pages then simply stay resident. Said once.
+            if !WARNED.replace(true) {
+                tracing::warn!(error = %e, "cannot release read segment pages from this shard's mappings (madvise); they stay resident until their segment closes");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Proves: recorded ranges never exceed the budget by more than the newest range, the
+    // oldest go first, and contiguous reads of one mapping merge up to MAX_RANGE_BYTES.
+    #[test]
+    fn oldest_ranges_are_released_past_the_budget() {
+        let a = Arc::new(
+            memmap2::MmapMut::map_anon(4096)
+                .unwrap()
+                .make_read_only()
+                .unwrap(),
+        );
+        let b = Arc::new(
+            memmap2::MmapMut::map_anon(4096)
+                .unwrap()
+                .make_read_only()
+                .unwrap(),
+        );
+        let (wa, wb) = (Arc::downgrade(&a), Arc::downgrade(&b));
+        let mut r = Ranges::default();
+        assert!(r.record(&wa, 0, 100, 250).is_empty());
+        assert!(
+            r.record(&wa, 100, 200, 250).is_empty(),
+            "merged with the first"
+        );
+        assert_eq!(r.queue.len(), 1);
+        let out = r.record(&wb, 0, 100, 250);
+        assert_eq!(out.len(), 1);
+        assert!(Weak::ptr_eq(&out[0].0, &wa) && out[0].1 == 0 && out[0].2 == 200);
+        assert_eq!(r.held(), 100);
+        // A single range over the budget stays: it is the one being read.
+        assert!(r.record(&wb, 100, 1000, 250).is_empty());
+        assert_eq!(r.held(), 1000);
+        // Merging stops at MAX_RANGE_BYTES.
+        let mut r = Ranges::default();
+        r.record(&wa, 0, MAX_RANGE_BYTES, usize::MAX);
+        r.record(&wa, MAX_RANGE_BYTES, MAX_RANGE_BYTES + 1, usize::MAX);
+        assert_eq!(r.queue.len(), 2);
+    }
+}
