@@ -122,7 +122,7 @@ if [[ -z "$bench_bin" ]]; then
 fi
 [[ -x "$bench_bin" ]] || die "kaas-bench binary $bench_bin not found"
 kafka_libs="$("$root/scripts/fetch-kafka.sh")"
-rdperf="$("$here/build-rdkafka-performance.sh" 2>/dev/null)" || {
+rdperf="$("$here/build-rdkafka-performance.sh")" || {
     rdperf=""
     notes+=("rdkafka_performance could not be built (bench/build-rdkafka-performance.sh): its rows are n/a")
     log "${notes[-1]}"
@@ -169,6 +169,13 @@ wait_port() { # PORT SECONDS PID
 # utime + stime of a process (fields 14 and 15 of /proc/PID/stat; the name field has no spaces
 # for kaas or java), in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The broker's CPU ticks since CPU0 into FILE ("ticks clk_tck"); nothing if it died meanwhile.
+record_cpu() { # BROKER CPU0 FILE
+    local now; now="$(cpu_ticks "${pid[$1]}")"
+    if kill -0 "${pid[$1]}" 2>/dev/null && (( now >= $2 )); then
+        echo "$(( now - $2 )) $(getconf CLK_TCK)" > "$3"
+    fi
+}
 rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 hwm_kib() { awk '/^VmHWM:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 # The process's own memory, without the page cache of files it maps (kaas maps the segments it
@@ -200,7 +207,8 @@ in_cgroup() { # BROKER CMD... : runs CMD inside the broker's cgroup (plain when 
     local b="$1"; shift
     if [[ -z "$memory_limit" ]]; then exec "$@"; fi
     make_cgroup "$b"
-    echo $$ > "${cgroup[$b]}/cgroup.procs"
+    # $BASHPID: this subshell (the broker once it execs), not the script ($$).
+    echo "$BASHPID" > "${cgroup[$b]}/cgroup.procs"
     exec "$@"
 }
 oom_kills() { # BROKER
@@ -215,7 +223,13 @@ peak_cgroup_kib() { # BROKER
 }
 remove_cgroups() {
     local b
-    for b in kaas kafka; do rmdir "$cgroup_root/kaas-compare-$b-$$" 2>/dev/null || true; done
+    # A killed broker leaves its cgroup a moment after it is reaped: retry for up to 5 s.
+    for b in kaas kafka; do
+        local cg="$cgroup_root/kaas-compare-$b-$$" i
+        [[ -d "$cg" ]] || continue
+        for i in $(seq 1 50); do rmdir "$cg" 2>/dev/null && break; sleep 0.1; done
+        if [[ -d "$cg" ]]; then log "could not remove the cgroup $cg (rmdir it by hand)"; fi
+    done
 }
 
 start_kaas() {
@@ -313,7 +327,7 @@ kb() { # WORKLOAD BROKER MODE kaas-bench-args... (later options override the def
     fi
     # The broker's CPU over the whole run (warm-up included), against the bytes the tool moved
     # over the whole run (`total_bytes`): broker CPU seconds per GiB.
-    echo "$(( $(cpu_ticks "${pid[$b]}") - cpu0 )) $(getconf CLK_TCK)" > "$base.cpu"
+    record_cpu "$b" "$cpu0" "$base.cpu"
     grep -E '^(produce|consume)' "$base.txt" | sed 's/^/    /' >&2 || true
 }
 
@@ -356,7 +370,7 @@ rp() { # WORKLOAD BROKER produce|consume TOPIC COUNT [ACKS]
     local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
     "${client_cpu[@]}" timeout $((duration * 6 + warmup + 120)) "$rdperf" -b "${addr[$b]}" -q \
         "${args[@]}" > "$base.txt" 2>&1 || log "  rdkafka_performance failed or timed out, see $base.txt"
-    echo "$(( $(cpu_ticks "${pid[$b]}") - cpu0 )) $(getconf CLK_TCK)" > "$base.cpu"
+    record_cpu "$b" "$cpu0" "$base.cpu"
     grep -E '^% [0-9]+ messages' "$base.txt" | tail -1 | sed 's/^/    /' >&2 || true
 }
 

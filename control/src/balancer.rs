@@ -32,8 +32,9 @@
 //! **Pinned partitions** (a reassignment: `kafka-reassign-partitions`, Cruise Control) are put
 //! on their named broker in step 1 when it is alive, and no later step moves them. They count
 //! toward every total; step 3 gives a broker at least as many as are pinned to it and spreads
-//! the rest as evenly as the pins allow (a broker pinned above ⌈P/N⌉ keeps exactly its pins, and
-//! the others share what is left within one of each other), and steps 4 and 5 only exchange
+//! the rest as evenly as the pins allow (a broker pinned above its even share keeps exactly its
+//! pins, and the others share what is left within one of each other: no broker holding an
+//! unpinned partition has two more than the one with fewest), and steps 4 and 5 only exchange
 //! unpinned partitions, so a topic's spread is at most one where the pins leave a partner to
 //! swap with. Without pins every guarantee below holds exactly.
 //!
@@ -450,7 +451,9 @@ impl Layout {
             }
         }
         // A broker pinned above the even share keeps exactly its pins; the others share the
-        // rest. Capping one lowers the share of the others, so repeat until none is above it.
+        // rest. "Above" is above ⌈rest/free⌉, or at it when more brokers are pinned there than
+        // there are ⌈⌉ places (`extra`). Capping lowers the share of the others, so repeat until
+        // no broker is above it.
         let mut capped = vec![false; n];
         let (floor, extra) = loop {
             let free = capped.iter().filter(|c| !**c).count();
@@ -459,10 +462,21 @@ impl Layout {
                     .filter(|&b| capped[b])
                     .map(|b| pins[b])
                     .sum::<usize>();
-            let ceil = rest.div_ceil(free);
-            match (0..n).find(|&b| !capped[b] && pins[b] > ceil) {
-                Some(b) => capped[b] = true,
-                None => break (rest / free, rest % free),
+            let (floor, extra) = (rest / free, rest % free);
+            let above_ceil: Vec<usize> = (0..n)
+                .filter(|&b| !capped[b] && pins[b] > floor + usize::from(extra > 0))
+                .collect();
+            let above_floor: Vec<usize> =
+                (0..n).filter(|&b| !capped[b] && pins[b] > floor).collect();
+            let cap = if !above_ceil.is_empty() {
+                above_ceil
+            } else if above_floor.len() > extra {
+                above_floor
+            } else {
+                break (floor, extra);
+            };
+            for b in cap {
+                capped[b] = true;
             }
         };
         let mut order: Vec<usize> = (0..n).filter(|&b| !capped[b]).collect();

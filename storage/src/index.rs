@@ -244,7 +244,7 @@ pub mod file {
     const EPOCH_BYTES: usize = 4 + 8;
     const MARK_BYTES: usize = 4 + 4 + 8;
 
-    /// `00000000000000000000-0000000000.log` → `00000000000000000000-0000000000.index`.
+    /// `00000000000000000000.0000000000.log` → `00000000000000000000.0000000000.index`.
     pub fn path_for(segment: &Path) -> PathBuf {
         segment.with_extension("index")
     }

@@ -10,11 +10,12 @@
 //! So each read records the byte range it sliced, and when the ranges recorded on this shard
 //! exceed [`BUDGET_BYTES`], the oldest are released with `MADV_DONTNEED`: the pages leave this
 //! process's page tables (VmRSS falls) and stay in the page cache, and a later access faults
-//! them back in from the file. That is sound for these mappings because they are shared,
-//! read-only mappings of bytes nobody changes while they are mapped (a sealed segment is never
-//! rewritten in place — compaction writes a new file and retention unlinks — and the active
-//! segment only grows past the data that was mapped), so a slice still on its way to a socket
-//! reads the same bytes after the release.
+//! them back in from the file. That is sound because these are shared (`MAP_SHARED`),
+//! read-only mappings: `MADV_DONTNEED` only drops this process's page-table entries, and the
+//! mapping always shows the page cache, before and after — so a slice still on its way to a
+//! socket reads the same bytes (the readers only ever slice verified batches, which nothing
+//! rewrites: a sealed segment is never modified in place, and the active segment's appends
+//! land past its data).
 //!
 //! One [`Ranges`] per shard thread: nothing here is shared between threads. The bookkeeping is
 //! pure ([`Ranges::record`] says what to release) and tested apart from the `madvise`.

@@ -74,8 +74,12 @@ pub fn migrate_legacy_names(dir: &Path) -> Result<usize, StorageError> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(StorageError::io("renaming index", &old_index, e)),
         }
-        std::fs::rename(&old, &new).map_err(|e| StorageError::io("renaming segment", &old, e))?;
-        renamed += 1;
+        match std::fs::rename(&old, &new) {
+            Ok(()) => renamed += 1,
+            // Renamed meanwhile by another broker of the shared volume opening it too.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StorageError::io("renaming segment", &old, e)),
+        }
     }
     Ok(renamed)
 }

@@ -298,6 +298,11 @@ impl GroupManager {
                 continue;
             }
             match self.claim(&group_id).await {
+                // The view may have moved the group on while its log was opening: a release
+                // that ran meanwhile could not see this claim, so it is given back here.
+                Ok(()) if !coordinates(&group_id) => {
+                    self.release_unless(|g| g != group_id).await;
+                }
                 Ok(()) => {}
                 Err(GroupError::LoadInProgress(_)) => held_elsewhere += 1,
                 Err(e) => {

@@ -140,8 +140,14 @@ fn decide(
             ),
         };
     };
-    let mut wanted: Vec<i32> = replicas.iter().map(|b| b.0).collect();
-    wanted.dedup();
+    let wanted: Vec<i32> = replicas.iter().map(|b| b.0).collect();
+    let distinct: std::collections::BTreeSet<i32> = wanted.iter().copied().collect();
+    if distinct.len() != wanted.len() {
+        return Decision::Answer(
+            E::InvalidReplicaAssignment.code(),
+            Some(format!("Duplicate brokers in the replica list {wanted:?}.")),
+        );
+    }
     match wanted[..] {
         [] => Decision::Answer(
             E::InvalidReplicaAssignment.code(),

@@ -5,9 +5,10 @@ use super::*;
 
 impl PartitionLog {
     /// Appends a produced record set (already verified by `kaas_wire::batch`, one header per
-    /// batch in `headers`). Offsets are assigned here; the batch bytes are copied once into the
-    /// write buffer with their base offsets and leader epoch rewritten. Returns when the write
-    /// has completed (not yet durable; see [`PartitionLog::wait_durable`]).
+    /// batch in `headers`). Offsets are assigned here, and each batch is stored with its base
+    /// offset and leader epoch rewritten: up to `INLINE_WRITE_MAX_BYTES` straight from
+    /// `records` (see `write_inline`), larger ones through a copy. Returns when the write has
+    /// completed (not yet durable; see [`PartitionLog::wait_durable`]).
     ///
     /// A retried batch from an idempotent producer is not written again: the original offsets
     /// are returned as [`AppendOutcome::Duplicate`].
@@ -500,8 +501,12 @@ const INLINE_WRITE_MAX_BATCHES: usize = 512;
 /// thread, and for the small batches clients send to many partitions that hand-off (a worker
 /// wake-up and two context switches per append) cost more than the copy into the page cache
 /// itself — a third of the broker's CPU went to io-wq workers (profile in bench/README.md).
-/// The cost of writing inline is that the shard waits for the copy into the page cache, which
-/// is bounded by `INLINE_WRITE_MAX_BYTES`.
+/// The cost of writing inline is that the shard waits for the copy into the page cache (at
+/// most `INLINE_WRITE_MAX_BYTES`), and, when the kernel throttles writers because too much of
+/// memory is dirty (`balance_dirty_pages`) or the journal is busy, for that too: every
+/// partition on the shard then waits, where io_uring would have parked only this write in a
+/// worker. Under such pressure the disk bounds throughput either way; the measured gain
+/// without it decided (bench/README.md).
 fn write_inline(
     file: &glommio::io::BufferedFile,
     records: &[u8],
