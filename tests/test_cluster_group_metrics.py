@@ -18,23 +18,17 @@ import time
 import pytest
 
 from kcheck import create_topic, rdkafka_produce
-from kcluster import _CLUSTERS, Cluster, logs_on_failure
+from kcluster import logs_on_failure, make_cluster  # noqa: F401  (the fixture)
 from test_http_endpoints import parse_metrics
 
 TOPIC = "lagged"
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path / "cluster", 3)
-    _CLUSTERS.append(c)
-    try:
-        c.start()
-        c.wait_controller()
-        yield c
-    finally:
-        c.close()
-        _CLUSTERS.remove(c)
+def cluster(make_cluster):
+    c = make_cluster(3)
+    c.wait_controller()
+    return c
 
 
 def committed_series(node, group: str) -> dict[int, float] | None:

@@ -25,7 +25,7 @@ import pytest
 from conftest import REPO
 from kcheck import (create_topic, key_for, rdkafka_produce, rdkafka_read_all, value_for,
                     verify_log)
-from kcluster import _CLUSTERS, Cluster, logs_on_failure
+from kcluster import Cluster, logs_on_failure, make_cluster  # noqa: F401  (the fixture)
 
 TOPIC = "moved"
 PARTITIONS = 3
@@ -33,16 +33,10 @@ TOOL = "kafka-reassign-partitions"
 
 
 @pytest.fixture
-def cluster(tmp_path, kafka_libs):
-    c = Cluster(tmp_path / "cluster", 3)
-    _CLUSTERS.append(c)
-    try:
-        c.start()
-        c.wait_controller()
-        yield c
-    finally:
-        c.close()
-        _CLUSTERS.remove(c)
+def cluster(make_cluster, kafka_libs):
+    c = make_cluster(3)
+    c.wait_controller()
+    return c
 
 
 def tool(bootstrap: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -250,32 +250,21 @@ impl Layout {
             topic_count: vec![0; topic_index.len() * brokers],
             rack_count: vec![0; topic_index.len() * racks],
         };
+        // A named partition that exists, and a broker that is alive, as dense indices.
+        let locate = |layout: &Layout, tp: &TopicPartition, broker: &BrokerId| {
+            let t = *topic_index.get(tp.topic.as_str())?;
+            let b = *broker_index.get(broker)?;
+            let index = usize::try_from(tp.partition).ok()?;
+            (index < layout.size(t)).then(|| (layout.topic_start[t] + index, b))
+        };
         for (tp, broker) in previous {
-            let (Some(&t), Some(&b)) =
-                (topic_index.get(tp.topic.as_str()), broker_index.get(broker))
-            else {
-                continue;
-            };
-            let Ok(index) = usize::try_from(tp.partition) else {
-                continue;
-            };
-            if index < layout.size(t) {
-                let p = layout.topic_start[t] + index;
+            if let Some((p, b)) = locate(&layout, tp, broker) {
                 layout.home[p] = b;
                 layout.attach(p, b);
             }
         }
         for (tp, broker) in pinned {
-            let (Some(&t), Some(&b)) =
-                (topic_index.get(tp.topic.as_str()), broker_index.get(broker))
-            else {
-                continue;
-            };
-            let Ok(index) = usize::try_from(tp.partition) else {
-                continue;
-            };
-            if index < layout.size(t) {
-                let p = layout.topic_start[t] + index;
+            if let Some((p, b)) = locate(&layout, tp, broker) {
                 if layout.leader[p] != b {
                     if layout.leader[p] != NO_HOME {
                         layout.detach(p);
