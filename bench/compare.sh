@@ -341,13 +341,20 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     [[ -n "$records" && "$records" -gt 0 ]] || { log "$w on $b: ProducerPerformance skipped (no record count)"; return; }
     settle write
     log "$w on $b: ProducerPerformance acks=$acks records=$records throughput=$tput"
-    "${client_cpu[@]}" timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
+    # --print-metrics: the client's own view of the batches it sent (batch-size-avg,
+    # records-per-request-avg, ...), which is what this broker received; /usr/bin/time: the
+    # JVM's CPU seconds, to tell a CPU-bound client from a slow broker.
+    local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
+    "${client_cpu[@]}" /usr/bin/time -f "%U %S" -o "$base.time" \
+        timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
-        --record-size 1024 --throughput "$tput" --warmup-records "$wrec" \
+        --record-size 1024 --throughput "$tput" --warmup-records "$wrec" --print-metrics \
         --command-property "bootstrap.servers=${addr[$b]}" "acks=$acks" batch.size=16384 \
         linger.ms=5 compression.type=none \
         > "$base.txt" 2>&1 || log "  ProducerPerformance failed or timed out, see $base.txt"
+    record_cpu "$b" "$cpu0" "$base.cpu"
     grep -E 'records sent' "$base.txt" | tail -1 | sed 's/^/    /' >&2 || true
+    grep -E ':(batch-size-avg|records-per-request-avg):' "$base.txt" | sed 's/^/    /' >&2 || true
 }
 
 # librdkafka's rdkafka_performance: produce COUNT 1 KiB messages to random partitions (acks as

@@ -49,17 +49,42 @@ def load_kb(res, w, b):
         return None
 
 
+PP_METRIC_RE = re.compile(r"^producer-metrics:(?P<name>[\w-]+):\{client-id=[^}]*\}\s*:\s*(?P<v>[\d.E+-]+)$")
+
+
 def load_pp(res, w, b):
-    """The steady-state line when there is one (after --warmup-records), else the summary."""
+    """The steady-state line when there is one (after --warmup-records), else the summary;
+    with --print-metrics' producer figures (`batch-size-avg`, ...), the broker's CPU seconds
+    per GiB over the whole run (<w>.<b>.pp.cpu) and the client JVM's (<w>.<b>.pp.time)."""
     try:
         text = open(os.path.join(res, f"{w}.{b}.pp.txt")).read()
     except OSError:
         return None
-    found = None
+    found, total = None, None
     for line in text.splitlines():
         m = PP_RE.search(line)
         if m and ("steady state" in line or found is None):
             found = {k: float(v) for k, v in m.groupdict().items()}
+        if m and "steady state" not in line:
+            total = float(m.group("n"))
+    if found is None:
+        return None
+    for line in text.splitlines():
+        m = PP_METRIC_RE.match(line.strip())
+        if m:
+            found[m.group("name")] = float(m.group("v"))
+    gib = (total or 0) * 1024 / 2**30
+    if gib > 0:
+        try:
+            ticks, hz = open(os.path.join(res, f"{w}.{b}.pp.cpu")).read().split()
+            found["cpu_per_gib"] = (int(ticks) / int(hz)) / gib
+        except (OSError, ValueError):
+            pass
+        try:
+            user, sys_ = open(os.path.join(res, f"{w}.{b}.pp.time")).read().split()[-2:]
+            found["client_cpu_per_gib"] = (float(user) + float(sys_)) / gib
+        except (OSError, ValueError):
+            pass
     return found
 
 
@@ -197,6 +222,15 @@ def main():
             lambda b: cpu_per_gib(res, src[b], b, "produce"))
         add(w, "ProducerPerformance", "msg/s", "rate", "higher", lambda b: pp(b, "rate"))
         add(w, "ProducerPerformance", "p99 ms", "ms", "lower", lambda b: pp(b, "p99"))
+        add(w, "ProducerPerformance", "broker CPU s/GiB", "cpu", "lower", lambda b: pp(b, "cpu_per_gib"))
+        add(w, "ProducerPerformance", "client CPU s/GiB", "cpu", "lower",
+            lambda b: pp(b, "client_cpu_per_gib"))
+        add(w, "ProducerPerformance", "batch bytes, average", "mb", "higher",
+            lambda b: pp(b, "batch-size-avg"))
+        add(w, "ProducerPerformance", "records per request, average", "mb", "higher",
+            lambda b: pp(b, "records-per-request-avg"))
+        add(w, "ProducerPerformance", "request latency avg ms", "ms",
+            "lower", lambda b: pp(b, "request-latency-avg"))
         rp = lambda b, k: get(load_rp(res, src[b], b), k)
         add(w, "rdkafka_performance", "msg/s delivered", "rate", "higher", lambda b: rp(b, "msg_per_s"))
         add(w, "rdkafka_performance", "broker CPU s/GiB", "cpu", "lower", lambda b: rp(b, "cpu_per_gib"))

@@ -323,9 +323,11 @@ def test_per_partition_series_stop_at_the_limit_and_say_so_once(broker_factory):
     assert b.log_text().count("more per-partition series than") == 1, b.log_text()[-2000:]
 
 
-# Families whose series exist only per led partition, coordinated group or error seen: absent
-# (by prometheus-client's rule for a family without series) until there is one.
+# Families whose series exist only per led partition, coordinated group, error or request
+# version seen: absent (by prometheus-client's rule for a family without series) until there is
+# one.
 PER_PARTITION_FAMILIES = {
+    "kaas_request_versions_total": "counter",
     "kaas_response_errors_total": "counter",
     "kaas_partition_start_offset": "gauge",
     "kaas_partition_end_offset": "gauge",

@@ -122,19 +122,25 @@ def test_create_partitions_returns_once_the_new_partitions_are_led(cluster):
     """CreatePartitions, like CreateTopics, answers only once the controller has placed what it
     added: right after it returns, the broker that answered lists the new partitions with
     leaders (before, partition-level LEADER_NOT_AVAILABLE until the next round), and the other
-    brokers do within their next catalog read (1 s), as Kafka's brokers learn metadata."""
+    brokers do within their next catalog read (1 s), as Kafka's brokers learn metadata.
+
+    The broker that answered is the controller whichever broker the admin client bootstraps
+    through: librdkafka sends CreatePartitions to the controller Metadata names. (This test
+    once asked the bootstrap broker at once, and failed in CI when that broker had not yet
+    read the catalog the controller wrote.)"""
     from confluent_kafka.admin import NewPartitions, NewTopic
     c = cluster
-    c.wait_controller()
+    controller = c.wait_controller()
     for node in c.nodes:
         topic = f"grown-via-{node.id}"
         a = admin(node.bootstrap)
         a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
                         request_timeout=30)[topic].result(30)
         a.create_partitions([NewPartitions(topic, 3)], request_timeout=30)[topic].result(30)
-        error, partitions = metadata(node, topic, auto_create=False)
-        assert check_answer(node, topic, error, partitions), (
-            f"broker {node.id} answered CreatePartitions for {topic} before the new partitions were led")
+        error, partitions = metadata(controller, topic, auto_create=False)
+        assert check_answer(controller, topic, error, partitions), (
+            f"the controller (broker {controller.id}) answered CreatePartitions for {topic} "
+            "before the new partitions were led")
         for other in c.nodes:
             deadline = time.monotonic() + 5
             while True:

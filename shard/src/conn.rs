@@ -164,7 +164,9 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
         }
         let task = match decoded {
             Ok(request) => {
-                shard.probe.count_request(request.api_key as i16);
+                shard
+                    .probe
+                    .count_request(request.api_key as i16, request.version());
                 let shard = shard.clone();
                 let client_host = client_host.clone();
                 let (gate, effects) = EffectGate::new();

@@ -11,6 +11,8 @@ use kaas_wire::kafka_protocol::messages::ApiKey;
 
 /// Number of API keys we count (Kafka's keys are below this).
 pub const API_KEYS: usize = 96;
+/// Request versions counted per API (`0..API_VERSIONS`); every version kaas serves is below it.
+pub const API_VERSIONS: usize = 20;
 
 pub use kaas_storage::stats::{LatencyProbe, StorageStats, LATENCY_BUCKETS_US};
 
@@ -31,6 +33,9 @@ pub struct ShardProbe {
     pub listener_bound: AtomicBool,
     pub stopped: AtomicBool,
     pub requests: [AtomicU64; API_KEYS],
+    /// Requests by API and version (Kafka's RequestsPerSec has a version tag too): which
+    /// protocol versions clients actually use.
+    pub request_versions: Box<[[AtomicU64; API_VERSIONS]; API_KEYS]>,
     pub request_errors: [AtomicU64; API_KEYS],
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
@@ -152,6 +157,9 @@ impl Default for ShardProbe {
             listener_bound: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            request_versions: Box::new(std::array::from_fn(|_| {
+                std::array::from_fn(|_| AtomicU64::new(0))
+            })),
             request_errors: std::array::from_fn(|_| AtomicU64::new(0)),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -179,9 +187,13 @@ impl ShardProbe {
             .of(topic, |t| catalog.snapshot().get(t).is_some())
     }
 
-    pub fn count_request(&self, api_key: i16) {
+    pub fn count_request(&self, api_key: i16, version: i16) {
         if let Some(c) = self.requests.get(api_key as usize) {
             c.fetch_add(1, Ordering::Relaxed);
+        }
+        let slot = usize::try_from(version).map_or(0, |v| v.min(API_VERSIONS - 1));
+        if let Some(row) = self.request_versions.get(api_key as usize) {
+            row[slot].fetch_add(1, Ordering::Relaxed);
         }
     }
     /// Counts one error code of a response to `api_key` (NONE is not an error).

@@ -2,7 +2,8 @@
 
 use super::HealthView;
 use kaas_shard::probe::{
-    api_name, LatencyProbe, ShardProbe, StorageStats, API_KEYS, LATENCY_BUCKETS_US, PROCESS,
+    api_name, LatencyProbe, ShardProbe, StorageStats, API_KEYS, API_VERSIONS, LATENCY_BUCKETS_US,
+    PROCESS,
 };
 use kaas_wire::kafka_protocol::messages::ApiKey;
 use kaas_wire::versions::SUPPORTED_APIS;
@@ -27,6 +28,13 @@ use std::time::Instant;
 struct ApiLabels {
     api: &'static str,
     api_key: i16,
+}
+
+/// A request's API and version.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiVersionLabels {
+    api: &'static str,
+    version: i16,
 }
 
 /// A request error's API, by Kafka's name only.
@@ -128,6 +136,27 @@ impl HealthView {
             errors_total += n;
         }
         registry.register("kaas_requests", "Kafka requests received, by API", requests);
+        // By version only where a client sent that version: every (API, version) pair from
+        // the start would be some 400 series of zeros.
+        let versions = Family::<ApiVersionLabels, Counter>::default();
+        for key in 0..API_KEYS {
+            for version in 0..API_VERSIONS {
+                let n = self.sum(|p| &p.request_versions[key][version]);
+                if n > 0 {
+                    versions
+                        .get_or_create(&ApiVersionLabels {
+                            api: api_label(key),
+                            version: version as i16,
+                        })
+                        .inc_by(n);
+                }
+            }
+        }
+        registry.register(
+            "kaas_request_versions",
+            "Kafka requests received, by API and protocol version (a series appears once a client has sent that version)",
+            versions,
+        );
         registry.register(
             "kaas_request_errors",
             "Requests that could not be answered, by API",

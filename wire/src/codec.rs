@@ -10,6 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
+use crate::beyond::{self, ExpectedBroker};
 use crate::versions;
 use crate::WireError;
 
@@ -19,6 +20,8 @@ pub struct Request {
     pub header: RequestHeader,
     pub api_key: ApiKey,
     pub body: RequestKind,
+    /// ApiVersions v5's cluster and broker the client meant (see [`beyond`]).
+    pub expected_broker: Option<ExpectedBroker>,
 }
 
 impl Request {
@@ -73,14 +76,25 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
         let mut buf = frame;
         let header_version = api_key.request_header_version(peek.api_version);
         let header = RequestHeader::decode(&mut buf, header_version)?;
-        let body = RequestKind::decode(api_key, &mut buf, peek.api_version)?;
-        Ok::<_, anyhow::Error>((header, body))
+        let version = peek.api_version;
+        if let Some(twin) = beyond::request_wire_twin(api_key, version) {
+            let body = RequestKind::decode(api_key, &mut buf, twin)?;
+            return Ok((header, body, None));
+        }
+        if beyond::is_beyond(api_key, version) {
+            let (body, expected) =
+                beyond::decode_request(api_key, version, &mut buf).map_err(anyhow::Error::msg)?;
+            return Ok((header, body, expected));
+        }
+        let body = RequestKind::decode(api_key, &mut buf, version)?;
+        Ok::<_, anyhow::Error>((header, body, None))
     });
     match decoded {
-        Ok(Ok((header, body))) => Ok(Request {
+        Ok(Ok((header, body, expected_broker))) => Ok(Request {
             header,
             api_key,
             body,
+            expected_broker,
         }),
         Ok(Err(e)) => Err(malformed(e.to_string())),
         Err(_) => Err(malformed("decoder panicked".into())),
@@ -106,8 +120,16 @@ pub fn encode_response(
     header
         .encode(&mut out, header_version)
         .map_err(|e| fail(e.to_string()))?;
-    body.encode(&mut out, version)
-        .map_err(|e| fail(e.to_string()))?;
+    if let Some(twin) = beyond::response_wire_twin(api_key, version) {
+        body.encode(&mut out, twin)
+            .map_err(|e| fail(e.to_string()))?;
+    } else if beyond::is_beyond(api_key, version) {
+        beyond::encode_response(body, version, &mut out)
+            .ok_or_else(|| fail(format!("no encoder for {api_key:?} v{version}")))?;
+    } else {
+        body.encode(&mut out, version)
+            .map_err(|e| fail(e.to_string()))?;
+    }
     let len = (out.len() - 4) as i32;
     out[0..4].copy_from_slice(&len.to_be_bytes());
     Ok(out.freeze())

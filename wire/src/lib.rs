@@ -1,7 +1,8 @@
 //! The Kafka wire protocol for kaas, with no IO in it.
 //!
 //! Owns: request/response framing ([`frame`]), the registry of API versions we serve
-//! ([`versions`]), request decoding and response encoding ([`codec`]), and the bounds-checked
+//! ([`versions`]), request decoding and response encoding ([`codec`]; versions newer than the
+//! generated codec in [`beyond`]), and the bounds-checked
 //! record-batch header peeks ([`batch`]) that let the broker treat record data as opaque bytes,
 //! and the allocator guard for the decoders' untrusted lengths ([`alloc`]).
 //! Runs on any thread: shards call it on their own core; `kaas-bench`, fuzzers and tests call it
@@ -9,6 +10,7 @@
 
 pub mod alloc;
 pub mod batch;
+pub mod beyond;
 pub mod codec;
 pub mod error;
 pub mod fetch_frame;

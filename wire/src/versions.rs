@@ -9,14 +9,14 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 
 /// (API, lowest version, highest version) served by this broker.
 ///
-/// Caps below the codec's maximum are deliberate: Produce v13 and ListOffsets v9+ change
-/// semantics (topic IDs in Produce, tiered-storage offsets) that we do not serve yet.
+/// These are Kafka 4.4's newest versions of each API served. Versions past the generated
+/// codec's newest are read and written by [`crate::beyond`].
 pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
-    (ApiKey::Produce, 3, 12),
+    (ApiKey::Produce, 3, 13),
     (ApiKey::Fetch, 4, 18),
-    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::ListOffsets, 1, 11),
     (ApiKey::Metadata, 0, 13),
-    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::ApiVersions, 0, 5),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 5),
@@ -48,11 +48,11 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
     (ApiKey::LeaveGroup, 0, 5),
-    (ApiKey::OffsetCommit, 2, 9),
-    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::OffsetCommit, 2, 10),
+    (ApiKey::OffsetFetch, 1, 10),
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 6),
-    (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::DeleteGroups, 0, 3),
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
@@ -154,14 +154,20 @@ mod tests {
         assert_eq!(r.finalized_features[0].max_version_level, 1);
     }
 
-    // Every range we advertise is one the codec can decode, so no advertised version can fail
-    // to parse for lack of a schema.
+    // Every range we advertise is one the codec can decode, or past it one `beyond` handles,
+    // so no advertised version can fail to parse for lack of a schema.
     #[test]
     fn ranges_within_codec() {
         fn within<M: Message>(lo: i16, hi: i16) -> bool {
             M::VERSIONS.min <= lo && hi <= M::VERSIONS.max && lo <= hi
         }
         for (k, lo, hi) in SUPPORTED_APIS {
+            let hi = &crate::beyond::codec_max(*k).map_or(*hi, |max| {
+                for v in max + 1..=*hi {
+                    assert!(crate::beyond::is_beyond(*k, v), "{k:?} v{v}");
+                }
+                max.min(*hi)
+            });
             let ok = match k {
                 ApiKey::Produce => within::<ProduceRequest>(*lo, *hi),
                 ApiKey::Fetch => within::<FetchRequest>(*lo, *hi),

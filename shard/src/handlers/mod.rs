@@ -81,6 +81,37 @@ impl EffectGate {
     }
 }
 
+/// ApiVersions: every range we serve, unless a v5 client names another cluster or broker
+/// than this one (KIP-1242: its metadata is stale, say after the addresses were reused).
+/// Kafka 4.4 answers that with REBOOTSTRAP_REQUIRED and no API list, on which the Java client
+/// fetches its metadata from the bootstrap servers again; a cluster id without a node id, or
+/// the reverse, is INVALID_REQUEST.
+fn api_versions(
+    shard: &Shard,
+    expected: Option<&kaas_wire::beyond::ExpectedBroker>,
+    version: i16,
+) -> kaas_wire::kafka_protocol::messages::ApiVersionsResponse {
+    if let Some(e) = expected {
+        let refused = match (&e.cluster_id, e.node_id) {
+            (None, -1) => None,
+            (None, _) | (Some(_), -1) => Some(errors::INVALID_REQUEST),
+            (Some(cluster), node) => (cluster != shard.catalog.cluster_id()
+                || node != shard.cluster.me())
+            .then_some(errors::REBOOTSTRAP_REQUIRED),
+        };
+        if let Some(code) = refused {
+            tracing::debug!(
+                ?expected,
+                code,
+                "ApiVersions v5 names another cluster or broker"
+            );
+            return kaas_wire::kafka_protocol::messages::ApiVersionsResponse::default()
+                .with_error_code(code);
+        }
+    }
+    versions::api_versions_response(errors::NONE, version)
+}
+
 /// Serves one request and encodes its response; `None` when no response is due (acks=0).
 /// `gate` is released once the request's effects are done (at the latest when this returns).
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
@@ -96,9 +127,11 @@ pub async fn handle(
     let correlation_id = request.correlation_id();
     let api_key = request.api_key;
     let response = match request.body {
-        RequestKind::ApiVersions(_) => {
-            ResponseKind::ApiVersions(versions::api_versions_response(errors::NONE, version))
-        }
+        RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions(
+            shard,
+            request.expected_broker.as_ref(),
+            version,
+        )),
         RequestKind::Metadata(r) => {
             ResponseKind::Metadata(metadata::metadata(shard, r, version).await)
         }

@@ -25,6 +25,23 @@ const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 const EARLIEST_LOCAL: i64 = -4;
+/// The newest offset in tiered storage (v9, KIP-1005) and the oldest not yet uploaded to it
+/// (v11, KIP-1023). kaas has no tiered storage: both answer offset -1, as Kafka does for a
+/// topic without remote storage.
+const LATEST_TIERED: i64 = -5;
+const EARLIEST_PENDING_UPLOAD: i64 = -6;
+
+/// The first ListOffsets version that may ask for a special timestamp; an older request asking
+/// for it gets UNSUPPORTED_VERSION for that partition, as from Kafka's brokers.
+fn first_version_of(timestamp: i64) -> i16 {
+    match timestamp {
+        MAX_TIMESTAMP => 7,
+        EARLIEST_LOCAL => 8,
+        LATEST_TIERED => 9,
+        EARLIEST_PENDING_UPLOAD => 11,
+        _ => 0,
+    }
+}
 
 #[derive(Clone)]
 struct OffsetAnswer {
@@ -66,7 +83,12 @@ pub async fn list_offsets(
     let answers = per_topic_partition(
         shard,
         wanted,
-        |s, m, p, (ts, epoch)| lookup(s, m, p, ts, epoch),
+        move |s, m, p, (ts, epoch)| async move {
+            if version < first_version_of(ts) {
+                return OffsetAnswer::error(errors::UNSUPPORTED_VERSION);
+            }
+            lookup(s, m, p, ts, epoch).await
+        },
         OffsetAnswer::error(errors::UNKNOWN_TOPIC_OR_PARTITION),
         OffsetAnswer::error(errors::NOT_LEADER_OR_FOLLOWER),
     )
@@ -123,6 +145,12 @@ async fn lookup(
         LATEST => at(log.high_watermark()),
         EARLIEST | EARLIEST_LOCAL => at(log.log_start_offset()),
         MAX_TIMESTAMP => found(log.max_timestamp().await),
+        LATEST_TIERED | EARLIEST_PENDING_UPLOAD => OffsetAnswer {
+            error_code: errors::NONE,
+            timestamp: -1,
+            offset: -1,
+            leader_epoch: -1,
+        },
         ts if ts >= 0 => found(log.offset_for_timestamp(ts).await),
         _ => OffsetAnswer::error(errors::INVALID_REQUEST),
     }

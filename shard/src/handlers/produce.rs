@@ -80,6 +80,7 @@ pub async fn produce(
             .map(|t| {
                 TopicProduceResponse::default()
                     .with_name(t.name.clone())
+                    .with_topic_id(t.topic_id)
                     .with_partition_responses(
                         t.partition_data
                             .iter()
@@ -100,8 +101,18 @@ pub async fn produce(
     let mut slots: Vec<(usize, i32, Option<PartResult>)> = Vec::new();
     let mut work: Vec<(usize, PartitionWork)> = Vec::new();
     let mut work_slot: Vec<usize> = Vec::new();
+    // v13 names topics by id (KIP-516), and an id names a topic that exists: no auto-creation,
+    // and an id the catalog does not know is UNKNOWN_TOPIC_ID, on which clients refresh
+    // their metadata (as Kafka's brokers answer).
+    let snapshot = (version >= 13).then(|| shard.catalog.snapshot());
     for (ti, topic) in req.topic_data.iter().enumerate() {
-        let meta = resolve_topic(shard, topic.name.as_str(), true);
+        let meta = match &snapshot {
+            Some(s) => s
+                .by_id(topic.topic_id)
+                .cloned()
+                .ok_or(errors::UNKNOWN_TOPIC_ID),
+            None => resolve_topic(shard, topic.name.as_str(), true),
+        };
         for p in &topic.partition_data {
             let early = match &meta {
                 Err(code) => Some(PartResult::error(*code)),
@@ -182,7 +193,11 @@ pub async fn produce(
     let mut responses: Vec<TopicProduceResponse> = req
         .topic_data
         .iter()
-        .map(|t| TopicProduceResponse::default().with_name(t.name.clone()))
+        .map(|t| {
+            TopicProduceResponse::default()
+                .with_name(t.name.clone())
+                .with_topic_id(t.topic_id)
+        })
         .collect();
     for (ti, partition, r) in slots {
         let r = r.unwrap_or_else(|| PartResult::error(errors::NOT_LEADER_OR_FOLLOWER));

@@ -4,17 +4,33 @@ use super::*;
 
 pub async fn offset_commit(
     shard: &Rc<Shard>,
-    req: OffsetCommitRequest,
+    mut req: OffsetCommitRequest,
     version: i16,
 ) -> OffsetCommitResponse {
     let gid = req.group_id.to_string();
+    // v10 names topics by id (KIP-516): resolved to names here, so the group's shard serves
+    // every version alike. An id the catalog does not know is UNKNOWN_TOPIC_ID, as Kafka
+    // answers; its topic keeps an empty name, which commits nothing.
+    let mut unknown_ids = HashSet::new();
+    if version >= 10 {
+        let catalog = shard.catalog.snapshot();
+        for (i, t) in req.topics.iter_mut().enumerate() {
+            match catalog.by_id(t.topic_id) {
+                Some(m) => t.name = TopicName(s(&m.name)),
+                None => {
+                    unknown_ids.insert(i);
+                }
+            }
+        }
+    }
     // Per (topic index, partition index): the answer.
-    let shape: Vec<(String, Vec<i32>)> = req
+    let shape: Vec<(String, Uuid, Vec<i32>)> = req
         .topics
         .iter()
         .map(|t| {
             (
                 t.name.to_string(),
+                t.topic_id,
                 t.partitions.iter().map(|p| p.partition_index).collect(),
             )
         })
@@ -23,7 +39,7 @@ pub async fn offset_commit(
     let all = |e: GroupError| -> Vec<Vec<i16>> {
         shape
             .iter()
-            .map(|(_, ps)| vec![errors::group(&e); ps.len()])
+            .map(|(_, _, ps)| vec![errors::group(&e); ps.len()])
             .collect()
     };
     let codes: Vec<Vec<i16>> = if gid.is_empty() {
@@ -38,9 +54,12 @@ pub async fn offset_commit(
     let topics = shape
         .into_iter()
         .zip(codes)
-        .map(|((name, parts), codes)| {
+        .enumerate()
+        .map(|(i, ((name, id, parts), codes))| {
+            let unknown = unknown_ids.contains(&i);
             OffsetCommitResponseTopic::default()
                 .with_name(TopicName(s(&name)))
+                .with_topic_id(id)
                 .with_partitions(
                     parts
                         .into_iter()
@@ -48,7 +67,7 @@ pub async fn offset_commit(
                         .map(|(p, c)| {
                             OffsetCommitResponsePartition::default()
                                 .with_partition_index(p)
-                                .with_error_code(c)
+                                .with_error_code(if unknown { errors::UNKNOWN_TOPIC_ID } else { c })
                         })
                         .collect(),
                 )
@@ -151,6 +170,8 @@ pub(super) struct FetchGroup {
     pub(super) member: Option<(String, i32)>,
     /// None = every committed offset of the group.
     pub(super) topics: Option<Vec<(String, Vec<i32>)>>,
+    /// v10: topics asked for by an id the catalog does not know, answered UNKNOWN_TOPIC_ID.
+    pub(super) unknown_ids: Vec<(Uuid, Vec<i32>)>,
 }
 
 /// One group's answer: group error, then per topic per partition
@@ -167,20 +188,38 @@ pub async fn offset_fetch(
     req: OffsetFetchRequest,
     version: i16,
 ) -> OffsetFetchResponse {
+    let catalog = shard.catalog.snapshot();
     let wanted: Vec<FetchGroup> = if version >= 8 {
         req.groups
             .iter()
-            .map(|g| FetchGroup {
-                group_id: g.group_id.to_string(),
-                member: g
-                    .member_id
-                    .as_ref()
-                    .map(|m| (m.to_string(), g.member_epoch)),
-                topics: g.topics.as_ref().map(|ts| {
+            .map(|g| {
+                let mut unknown_ids = Vec::new();
+                // v10 names topics by id (KIP-516), resolved to names here.
+                let topics = g.topics.as_ref().map(|ts| {
                     ts.iter()
-                        .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+                        .filter_map(|t| {
+                            if version < 10 {
+                                return Some((t.name.to_string(), t.partition_indexes.clone()));
+                            }
+                            match catalog.by_id(t.topic_id) {
+                                Some(m) => Some((m.name.clone(), t.partition_indexes.clone())),
+                                None => {
+                                    unknown_ids.push((t.topic_id, t.partition_indexes.clone()));
+                                    None
+                                }
+                            }
+                        })
                         .collect()
-                }),
+                });
+                FetchGroup {
+                    group_id: g.group_id.to_string(),
+                    member: g
+                        .member_id
+                        .as_ref()
+                        .map(|m| (m.to_string(), g.member_epoch)),
+                    topics,
+                    unknown_ids,
+                }
             })
             .collect()
     } else {
@@ -192,6 +231,7 @@ pub async fn offset_fetch(
                     .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
                     .collect()
             }),
+            unknown_ids: Vec::new(),
         }]
     };
     let items: Vec<(usize, FetchGroup)> = wanted
@@ -212,13 +252,18 @@ pub async fn offset_fetch(
         lost,
     )
     .await;
-    offset_fetch_response(&wanted, answers, version)
+    offset_fetch_response(&wanted, answers, version, &|name| {
+        catalog.get(name).map(|m| m.id)
+    })
 }
 
+/// Builds the answer; `topic_id` names a topic by id for v10, which lists only topics that
+/// still exist (the committed offsets of a deleted topic have no id to be listed under).
 pub(super) fn offset_fetch_response(
     wanted: &[FetchGroup],
     answers: Vec<FetchedGroup>,
     version: i16,
+    topic_id: &dyn Fn(&str) -> Option<Uuid>,
 ) -> OffsetFetchResponse {
     let mut resp = OffsetFetchResponse::default();
     if version >= 8 {
@@ -226,15 +271,31 @@ pub(super) fn offset_fetch_response(
             .iter()
             .zip(answers)
             .map(|(w, a)| {
+                let unknown = w.unknown_ids.iter().map(|(id, ps)| {
+                    let ps = ps
+                        .iter()
+                        .map(|p| (*p, -1, -1, String::new(), errors::UNKNOWN_TOPIC_ID));
+                    (String::new(), Some(*id), ps.collect::<Vec<_>>())
+                });
+                let topics = a
+                    .topics
+                    .into_iter()
+                    .filter_map(|(t, ps)| {
+                        if version < 10 {
+                            return Some((t, None, ps));
+                        }
+                        topic_id(&t).map(|id| (t, Some(id), ps))
+                    })
+                    .chain(unknown);
                 OffsetFetchResponseGroup::default()
                     .with_group_id(GroupId(s(&w.group_id)))
                     .with_error_code(a.error)
                     .with_topics(
-                        a.topics
-                            .into_iter()
-                            .map(|(t, ps)| {
+                        topics
+                            .map(|(t, id, ps)| {
                                 OffsetFetchResponseTopics::default()
                                     .with_name(TopicName(s(&t)))
+                                    .with_topic_id(id.unwrap_or_default())
                                     .with_partitions(
                                         ps.into_iter()
                                             .map(|(p, o, e, m, c)| {
