@@ -345,7 +345,9 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     # records-per-request-avg, ...), which is what this broker received; /usr/bin/time: the
     # JVM's CPU seconds, to tell a CPU-bound client from a slow broker.
     local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
-    "${client_cpu[@]}" /usr/bin/time -f "%U %S" -o "$base.time" \
+    local -a timed=()
+    [[ -x /usr/bin/time ]] && timed=(/usr/bin/time -f "%U %S" -o "$base.time")
+    "${client_cpu[@]}" "${timed[@]}" \
         timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
         --record-size 1024 --throughput "$tput" --warmup-records "$wrec" --print-metrics \

@@ -94,10 +94,26 @@ def topic_id(broker, topic: str) -> uuid.UUID:
                      | (u.get_least_significant_bits() % (1 << 64)))
 
 
+def test_the_codec_vectors_are_kafkas(java_classes):
+    """wire/src/beyond.rs holds its hand-written codec to byte strings; each must be what
+    Apache Kafka 4.4's own message classes write (tests/java/WireVectors.java)."""
+    import subprocess
+    from pathlib import Path
+    out = subprocess.run(["java", "-cp", java_classes, "WireVectors"], capture_output=True,
+                         text=True, timeout=120, check=True, stdin=subprocess.DEVNULL).stdout
+    source = (Path(__file__).resolve().parent.parent / "wire/src/beyond.rs").read_text()
+    # Long vectors are split over lines with a `\` continuation.
+    source = re.sub(r"\\\n\s*", "", source)
+    vectors = dict(line.split() for line in out.splitlines())
+    assert len(vectors) == 8, vectors
+    missing = [name for name, hexed in vectors.items() if f'"{hexed}"' not in source]
+    assert not missing, f"beyond.rs does not hold Kafka's bytes for {missing}"
+
+
 def test_newest_versions_are_advertised(broker):
     ranges = kwire.api_versions(broker)
     for key, version in [(PRODUCE, 13), (1, 18), (LIST_OFFSETS, 11), (3, 13), (OFFSET_COMMIT, 10),
-                         (OFFSET_FETCH, 10), (API_VERSIONS, 5), (DELETE_GROUPS, 3)]:
+                         (OFFSET_FETCH, 10), (API_VERSIONS, 5), (DELETE_GROUPS, 3), (35, 5)]:
         assert ranges[key][1] >= version, f"API {key}: {ranges[key]}, want v{version}"
 
 
@@ -273,6 +289,27 @@ def offset_fetch_v10(broker, group, topics):
     return error, out
 
 
+def offset_fetch_v9_topics(broker, group):
+    """The topic names OffsetFetch v9 lists for all of `group`'s committed offsets."""
+    body = (kwire.uvarint(2) + kwire.compact_string(group) + kwire.compact_string(None)
+            + struct.pack(">i", -1) + kwire.uvarint(0) + kwire.uvarint(0) + b"\x00"
+            + kwire.uvarint(0))
+    r = Reader(roundtrip(broker, kwire.request(OFFSET_FETCH, 9, 10, body, flexible=True)))
+    r.unpack(">i")
+    assert r.count() == 1
+    assert r.string() == group
+    names = []
+    for _ in range(r.count()):
+        names.append(r.string())
+        for _ in range(r.count()):
+            r.unpack(">iqi")
+            r.string()
+            r.unpack(">h")
+            r.tags()
+        r.tags()
+    return names
+
+
 def delete_groups_v3(broker, groups):
     body = (kwire.uvarint(len(groups) + 1) + b"".join(kwire.compact_string(g) for g in groups)
             + kwire.uvarint(0))
@@ -317,6 +354,12 @@ def test_offsets_v10_by_topic_id_and_delete_groups_v3(broker):
     assert got[stranger] == {0: (-1, "", UNKNOWN_TOPIC_ID)}, got
     error, got = offset_fetch_v10(broker, group, None)
     assert (error, got) == (NONE, {tid: {0: (5, "m0", NONE), 2: (9, "m2", NONE)}}), got
+    # By name (v9), the unknown id left nothing either: only the topic committed to.
+    assert offset_fetch_v9_topics(broker, group) == [topic]
+    # A commit naming only unknown ids creates no group.
+    lonely = unique_topic("oc10-none")
+    assert offset_commit_v10(broker, lonely, stranger, [(0, 1)]) == {0: UNKNOWN_TOPIC_ID}
+    assert delete_groups_v3(broker, [lonely]) == {lonely: (GROUP_ID_NOT_FOUND, None)}
 
     missing = unique_topic("no-such-group")
     assert delete_groups_v3(broker, [group, missing]) == {
@@ -351,5 +394,5 @@ def test_the_java_client_negotiates_the_newest_versions(broker, java_classes):
     after = request_versions(broker)
     sent = {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
     for api, version in [("ApiVersions", 5), ("Produce", 13), ("Fetch", 18), ("Metadata", 13),
-                         ("OffsetCommit", 10)]:
+                         ("OffsetCommit", 10), ("OffsetFetch", 10)]:
         assert sent.get((api, version), 0) > 0, f"no {api} v{version} arrived: {sorted(sent)}"

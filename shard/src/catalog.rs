@@ -10,7 +10,7 @@
 //! lives in `<data>/<topic>~<topic id>/<partition>/`, so a topic deleted and created again
 //! under the same name can never see the old data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,14 +53,52 @@ pub fn topic_dir_name(name: &str, id: Uuid) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TopicTable {
     pub topics: BTreeMap<String, Arc<TopicMeta>>,
+    /// Topic id → name, built on the first lookup by id (Fetch v13+, Produce v13, the offset
+    /// APIs' v10 name topics by id on every request).
+    #[serde(skip)]
+    ids: IdIndex,
 }
 
 impl TopicTable {
     pub fn get(&self, name: &str) -> Option<&Arc<TopicMeta>> {
         self.topics.get(name)
     }
+
+    /// The topic `id` names. The index maps to names and the answer is read from `topics`, so
+    /// an entry replaced since (grown, reconfigured) is current; one the index does not know
+    /// or names wrongly (a table changed after its first lookup by id) is found by a scan.
     pub fn by_id(&self, id: Uuid) -> Option<&Arc<TopicMeta>> {
-        self.topics.values().find(|t| t.id == id)
+        let index = self.ids.0.get_or_init(|| {
+            self.topics
+                .values()
+                .map(|t| (t.id, t.name.clone()))
+                .collect()
+        });
+        let scan = || self.topics.values().find(|t| t.id == id);
+        match index.get(&id) {
+            Some(name) => self.topics.get(name).filter(|t| t.id == id).or_else(scan),
+            // Unknown to a complete index: no such topic (a client's stale or made-up id
+            // costs no scan).
+            None if index.len() == self.topics.len() => None,
+            None => scan(),
+        }
+    }
+}
+
+/// [`TopicTable::by_id`]'s index: derived from the topics, so it takes no part in equality,
+/// and a copy starts empty.
+#[derive(Debug, Default)]
+struct IdIndex(std::sync::OnceLock<HashMap<Uuid, String>>);
+
+impl PartialEq for IdIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Clone for IdIndex {
+    fn clone(&self) -> Self {
+        IdIndex::default()
     }
 }
 

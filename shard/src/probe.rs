@@ -13,6 +13,15 @@ use kaas_wire::kafka_protocol::messages::ApiKey;
 pub const API_KEYS: usize = 96;
 /// Request versions counted per API (`0..API_VERSIONS`); every version kaas serves is below it.
 pub const API_VERSIONS: usize = 20;
+// Every version served gets a counter of its own (a newer one would be counted as the last).
+const _: () = {
+    let apis = kaas_wire::versions::SUPPORTED_APIS;
+    let mut i = 0;
+    while i < apis.len() {
+        assert!((apis[i].2 as usize) < API_VERSIONS);
+        i += 1;
+    }
+};
 
 pub use kaas_storage::stats::{LatencyProbe, StorageStats, LATENCY_BUCKETS_US};
 

@@ -1,31 +1,31 @@
 //! Request and response versions newer than the generated codec (kafka-protocol 0.18.0, the
-//! newest on crates.io) decodes, written by hand from Apache Kafka 4.4's message schemas
-//! (`org.apache.kafka.common.message.*Data.SCHEMAS`, printed from the 4.4 client jar; the test
-//! vectors below were serialized by those classes).
+//! newest on crates.io) reads or writes, written by hand from Apache Kafka 4.4's message
+//! schemas (`org.apache.kafka.common.message.*Data.SCHEMAS`, printed from the 4.4 client jar;
+//! the test vectors below were serialized by those classes, see tests/java/WireVectors.java).
 //!
-//! | API | version | what changed from the codec's newest |
-//! |---|---|---|
-//! | ListOffsets | 11 | nothing on the wire (a new special timestamp, -6): read as v10 |
-//! | ApiVersions | 5 | the request names the cluster and broker the client meant (KIP-1242); the response is v4's |
-//! | OffsetCommit | 10 | topics by id instead of name, in the request and the response |
-//! | OffsetFetch | 10 | topics by id instead of name, in the request and the response |
-//! | DeleteGroups | 3 | the request is v2's; each result gains an error message |
+//! | API | version | what changed | request | response |
+//! |---|---|---|---|---|
+//! | ListOffsets | 11 | a new special timestamp (-6), nothing on the wire | read as v10 | written as v10 |
+//! | ApiVersions | 5 | the request names the cluster and broker the client meant (KIP-1242) | by hand | written as v4 |
+//! | OffsetCommit | 10 | topics by id instead of name | by hand | the codec's v10 |
+//! | OffsetFetch | 10 | topics by id instead of name | by hand | the codec's v10 |
+//! | DeleteGroups | 3 | each result gains an error message | read as v2 | by hand |
+//! | DescribeLogDirs | 5 | each log directory says whether it is cordoned (KIP-1066) | read as v4 | by hand |
 //!
 //! Requests decode into the generated types with their topic-id fields set (the generated
-//! structs already carry them; only the generated version checks stop at the older version),
-//! so the handlers serve every version with one code path. Every length read is checked against
-//! the bytes left before anything is allocated.
+//! structs already carry them; only the generated request decoders stop at v9), so the
+//! handlers serve every version with one code path. Every length read is checked against the
+//! bytes left before anything is allocated.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::delete_groups_response::DeleteGroupsResponse;
+use kafka_protocol::messages::describe_log_dirs_response::DescribeLogDirsResponse;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::messages::offset_commit_response::OffsetCommitResponse;
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopics,
 };
-use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponse;
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, GroupId, RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
 
@@ -39,42 +39,43 @@ pub struct ExpectedBroker {
     pub node_id: i32,
 }
 
-/// The newest version the generated codec reads and writes for `api_key`, when this module
-/// serves newer ones.
-pub fn codec_max(api_key: ApiKey) -> Option<i16> {
-    match api_key {
-        ApiKey::ListOffsets => Some(10),
-        ApiKey::ApiVersions => Some(4),
-        ApiKey::OffsetCommit | ApiKey::OffsetFetch => Some(9),
-        ApiKey::DeleteGroups => Some(2),
-        _ => None,
-    }
+/// How one direction of one version is read or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// By the generated codec, at this very version.
+    Codec,
+    /// By the generated codec at an older version with the same bytes.
+    Twin(i16),
+    /// By this module.
+    ByHand,
 }
 
-/// Whether `version` of `api_key` is past the generated codec and handled here.
-pub fn is_beyond(api_key: ApiKey, version: i16) -> bool {
-    codec_max(api_key).is_some_and(|max| version > max)
+/// The versions past the generated codec: (API, version, its request, its response). The
+/// registry's test (`versions::tests::ranges_within_codec`) holds every advertised version to
+/// a row here or to the codec's own range, and every `ByHand` to an arm below.
+pub const PAST_CODEC: &[(ApiKey, i16, How, How)] = &[
+    (ApiKey::ListOffsets, 11, How::Twin(10), How::Twin(10)),
+    (ApiKey::ApiVersions, 5, How::ByHand, How::Twin(4)),
+    (ApiKey::OffsetCommit, 10, How::ByHand, How::Codec),
+    (ApiKey::OffsetFetch, 10, How::ByHand, How::Codec),
+    (ApiKey::DeleteGroups, 3, How::Twin(2), How::ByHand),
+    (ApiKey::DescribeLogDirs, 5, How::Twin(4), How::ByHand),
+];
+
+fn row(api_key: ApiKey, version: i16) -> Option<&'static (ApiKey, i16, How, How)> {
+    PAST_CODEC
+        .iter()
+        .find(|(k, v, _, _)| *k == api_key && *v == version)
 }
 
-/// The version the generated codec reads identically, for requests whose change is not in
-/// their bytes: ListOffsets v11 (a new special timestamp), DeleteGroups v3 (a new response
-/// field).
-pub fn request_wire_twin(api_key: ApiKey, version: i16) -> Option<i16> {
-    match (api_key, version) {
-        (ApiKey::ListOffsets, 11) => Some(10),
-        (ApiKey::DeleteGroups, 3) => Some(2),
-        _ => None,
-    }
+/// How a request of `api_key` at `version` is decoded.
+pub fn request_how(api_key: ApiKey, version: i16) -> How {
+    row(api_key, version).map_or(How::Codec, |r| r.2)
 }
 
-/// The version the generated codec writes identically, for responses whose bytes did not
-/// change: ListOffsets v11's and ApiVersions v5's.
-pub fn response_wire_twin(api_key: ApiKey, version: i16) -> Option<i16> {
-    match (api_key, version) {
-        (ApiKey::ListOffsets, 11) => Some(10),
-        (ApiKey::ApiVersions, 5) => Some(4),
-        _ => None,
-    }
+/// How a response of `api_key` at `version` is encoded.
+pub fn response_how(api_key: ApiKey, version: i16) -> How {
+    row(api_key, version).map_or(How::Codec, |r| r.3)
 }
 
 /// Decodes the body of a request past the codec. `buf` is positioned after the header.
@@ -160,13 +161,12 @@ pub fn decode_request(
     Ok((body, None))
 }
 
-/// Encodes the body of a response past the codec into `out`, or `None` when `body` is not one
-/// this module writes (the caller encodes it with the codec, at [`response_wire_twin`]).
+/// Encodes the body of a response written by hand ([`How::ByHand`]) into `out`; `None` when
+/// `body` at `version` is not one of them.
 pub fn encode_response(body: &ResponseKind, version: i16, out: &mut BytesMut) -> Option<()> {
     match (body, version) {
         (ResponseKind::DeleteGroups(r), 3) => encode_delete_groups_v3(r, out),
-        (ResponseKind::OffsetCommit(r), 10) => encode_offset_commit_v10(r, out),
-        (ResponseKind::OffsetFetch(r), 10) => encode_offset_fetch_v10(r, out),
+        (ResponseKind::DescribeLogDirs(r), 5) => encode_describe_log_dirs_v5(r, out),
         _ => return None,
     }
     Some(())
@@ -187,42 +187,31 @@ fn encode_delete_groups_v3(r: &DeleteGroupsResponse, out: &mut BytesMut) {
     out.put_u8(0);
 }
 
-fn encode_offset_commit_v10(r: &OffsetCommitResponse, out: &mut BytesMut) {
+/// DescribeLogDirs v5: v4 with `is_cordoned` after each directory's usable bytes (KIP-1066,
+/// a directory taking no new partitions). kaas has one directory per broker, never cordoned.
+fn encode_describe_log_dirs_v5(r: &DescribeLogDirsResponse, out: &mut BytesMut) {
     out.put_i32(r.throttle_time_ms);
-    put_len(out, r.topics.len());
-    for t in &r.topics {
-        out.put_slice(t.topic_id.as_bytes());
-        put_len(out, t.partitions.len());
-        for p in &t.partitions {
-            out.put_i32(p.partition_index);
-            out.put_i16(p.error_code);
-            out.put_u8(0);
-        }
-        out.put_u8(0);
-    }
-    out.put_u8(0);
-}
-
-fn encode_offset_fetch_v10(r: &OffsetFetchResponse, out: &mut BytesMut) {
-    out.put_i32(r.throttle_time_ms);
-    put_len(out, r.groups.len());
-    for g in &r.groups {
-        put_string(out, Some(&g.group_id.0));
-        put_len(out, g.topics.len());
-        for t in &g.topics {
-            out.put_slice(t.topic_id.as_bytes());
+    out.put_i16(r.error_code);
+    put_len(out, r.results.len());
+    for d in &r.results {
+        out.put_i16(d.error_code);
+        put_string(out, Some(&d.log_dir));
+        put_len(out, d.topics.len());
+        for t in &d.topics {
+            put_string(out, Some(&t.name.0));
             put_len(out, t.partitions.len());
             for p in &t.partitions {
                 out.put_i32(p.partition_index);
-                out.put_i64(p.committed_offset);
-                out.put_i32(p.committed_leader_epoch);
-                put_string(out, p.metadata.as_deref());
-                out.put_i16(p.error_code);
+                out.put_i64(p.partition_size);
+                out.put_i64(p.offset_lag);
+                out.put_u8(u8::from(p.is_future_key));
                 out.put_u8(0);
             }
             out.put_u8(0);
         }
-        out.put_i16(g.error_code);
+        out.put_i64(d.total_bytes);
+        out.put_i64(d.usable_bytes);
+        out.put_u8(0); // is_cordoned: false
         out.put_u8(0);
     }
     out.put_u8(0);
@@ -352,6 +341,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kafka_protocol::messages::{OffsetCommitResponse, OffsetFetchResponse};
 
     fn unhex(s: &str) -> Bytes {
         let s: String = s.split_whitespace().collect();
@@ -379,9 +369,14 @@ mod tests {
         r
     }
 
-    fn encoded(body: &ResponseKind, version: i16) -> Bytes {
+    /// A response body as the broker writes it: by hand or by the codec, per [`response_how`].
+    fn encoded(api_key: ApiKey, body: &ResponseKind, version: i16) -> Bytes {
         let mut out = BytesMut::new();
-        encode_response(body, version, &mut out).expect("encoded here");
+        match response_how(api_key, version) {
+            How::ByHand => encode_response(body, version, &mut out).expect("written here"),
+            How::Codec => body.encode(&mut out, version).unwrap(),
+            How::Twin(v) => body.encode(&mut out, v).unwrap(),
+        }
         out.freeze()
     }
 
@@ -431,7 +426,7 @@ mod tests {
                 P::default().with_partition_index(1).with_error_code(100),
             ])]);
         assert_eq!(
-            encoded(&ResponseKind::OffsetCommit(resp), 10),
+            encoded(ApiKey::OffsetCommit, &ResponseKind::OffsetCommit(resp), 10),
             unhex("00000000020123456789abcdef11223344556677880300000000000000000000010064000000")
         );
     }
@@ -490,7 +485,7 @@ mod tests {
                 .with_error_code(16),
         ]);
         assert_eq!(
-            encoded(&ResponseKind::OffsetFetch(resp), 10),
+            encoded(ApiKey::OffsetFetch, &ResponseKind::OffsetFetch(resp), 10),
             unhex(
                 "00000000030267020123456789abcdef11223344556677880300000000000000000000002a\
                  00000003056d65746100000000000001ffffffffffffffffffffffff01000000000000000367\
@@ -545,8 +540,36 @@ mod tests {
                 .with_error_code(69),
         ]);
         assert_eq!(
-            encoded(&ResponseKind::DeleteGroups(resp), 3),
+            encoded(ApiKey::DeleteGroups, &ResponseKind::DeleteGroups(resp), 3),
             unhex("0000000003036731000000000367320045000000")
+        );
+    }
+
+    #[test]
+    fn describe_log_dirs_v5_as_kafka_writes_it() {
+        use kafka_protocol::messages::describe_log_dirs_response::{
+            DescribeLogDirsPartition as P, DescribeLogDirsResult as D, DescribeLogDirsTopic as T,
+        };
+        use kafka_protocol::messages::TopicName;
+        let resp = DescribeLogDirsResponse::default().with_results(vec![D::default()
+            .with_log_dir(StrBytes::from_static_str("/data"))
+            .with_total_bytes(1000)
+            .with_usable_bytes(600)
+            .with_topics(vec![T::default()
+                .with_name(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(vec![P::default()
+                    .with_partition_index(2)
+                    .with_partition_size(4096)])])]);
+        assert_eq!(
+            encoded(
+                ApiKey::DescribeLogDirs,
+                &ResponseKind::DescribeLogDirs(resp),
+                5
+            ),
+            unhex(
+                "000000000000020000062f6461746102027402000000020000000000001000000000000000000000\
+                 000000000000000003e80000000000000258000000"
+            )
         );
     }
 
@@ -561,15 +584,36 @@ mod tests {
 
     #[test]
     fn truncated_bodies_are_refused() {
-        let whole = unhex("02 67 00000001 02 6d 00 01 00");
-        for cut in 0..whole.len() - 1 {
-            let mut b = whole.slice(..cut);
-            assert!(
-                decode_request(ApiKey::OffsetCommit, 10, &mut b).is_err(),
-                "cut {cut}"
-            );
+        for (api_key, version, hex) in [
+            (
+                ApiKey::OffsetCommit,
+                10,
+                "026700000005026d00020123456789abcdef11223344556677880300000000000000000000002a\
+                 00000003056d65746100000000010000000000000007ffffffff00000000",
+            ),
+            (
+                ApiKey::OffsetFetch,
+                10,
+                "030267026d00000003020123456789abcdef1122334455667788030000000000000001000003673200\
+                 ffffffff00000100",
+            ),
+            (
+                ApiKey::ApiVersions,
+                5,
+                "0a6b6161732d7465737404312e30046162630000000200",
+            ),
+        ] {
+            let whole = unhex(hex);
+            // Every cut short of the whole body, down to the last tagged-fields byte.
+            for cut in 0..whole.len() {
+                let mut b = whole.slice(..cut);
+                assert!(
+                    decode_request(api_key, version, &mut b).is_err(),
+                    "{api_key:?} cut at {cut}"
+                );
+            }
+            let mut b = whole.clone();
+            assert!(decode_request(api_key, version, &mut b).is_ok());
         }
-        let mut b = whole.clone();
-        assert!(decode_request(ApiKey::OffsetCommit, 10, &mut b).is_ok());
     }
 }

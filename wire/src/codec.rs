@@ -10,7 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
-use crate::beyond::{self, ExpectedBroker};
+use crate::beyond::{self, ExpectedBroker, How};
 use crate::versions;
 use crate::WireError;
 
@@ -77,17 +77,18 @@ pub fn decode_request(frame: Bytes) -> Result<Request, WireError> {
         let header_version = api_key.request_header_version(peek.api_version);
         let header = RequestHeader::decode(&mut buf, header_version)?;
         let version = peek.api_version;
-        if let Some(twin) = beyond::request_wire_twin(api_key, version) {
-            let body = RequestKind::decode(api_key, &mut buf, twin)?;
-            return Ok((header, body, None));
+        match beyond::request_how(api_key, version) {
+            How::Codec => {
+                let body = RequestKind::decode(api_key, &mut buf, version)?;
+                Ok::<_, anyhow::Error>((header, body, None))
+            }
+            How::Twin(twin) => Ok((header, RequestKind::decode(api_key, &mut buf, twin)?, None)),
+            How::ByHand => {
+                let (body, expected) = beyond::decode_request(api_key, version, &mut buf)
+                    .map_err(anyhow::Error::msg)?;
+                Ok((header, body, expected))
+            }
         }
-        if beyond::is_beyond(api_key, version) {
-            let (body, expected) =
-                beyond::decode_request(api_key, version, &mut buf).map_err(anyhow::Error::msg)?;
-            return Ok((header, body, expected));
-        }
-        let body = RequestKind::decode(api_key, &mut buf, version)?;
-        Ok::<_, anyhow::Error>((header, body, None))
     });
     match decoded {
         Ok(Ok((header, body, expected_broker))) => Ok(Request {
@@ -120,15 +121,15 @@ pub fn encode_response(
     header
         .encode(&mut out, header_version)
         .map_err(|e| fail(e.to_string()))?;
-    if let Some(twin) = beyond::response_wire_twin(api_key, version) {
-        body.encode(&mut out, twin)
-            .map_err(|e| fail(e.to_string()))?;
-    } else if beyond::is_beyond(api_key, version) {
-        beyond::encode_response(body, version, &mut out)
-            .ok_or_else(|| fail(format!("no encoder for {api_key:?} v{version}")))?;
-    } else {
-        body.encode(&mut out, version)
-            .map_err(|e| fail(e.to_string()))?;
+    match beyond::response_how(api_key, version) {
+        How::Codec => body
+            .encode(&mut out, version)
+            .map_err(|e| fail(e.to_string()))?,
+        How::Twin(twin) => body
+            .encode(&mut out, twin)
+            .map_err(|e| fail(e.to_string()))?,
+        How::ByHand => beyond::encode_response(body, version, &mut out)
+            .ok_or_else(|| fail(format!("no encoder for {api_key:?} v{version}")))?,
     }
     let len = (out.len() - 4) as i32;
     out[0..4].copy_from_slice(&len.to_be_bytes());

@@ -19,6 +19,7 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
     use ResponseKind as R;
     let mut all = |codes: &mut dyn Iterator<Item = i16>| codes.for_each(&mut f);
     match response {
+        R::ApiVersions(r) => f(r.error_code),
         R::Produce(r) => all(&mut nested!(r.responses, partition_responses)),
         R::Metadata(r) => all(
             &mut std::iter::once(r.error_code).chain(r.topics.iter().flat_map(|t| {

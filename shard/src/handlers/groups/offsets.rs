@@ -10,18 +10,22 @@ pub async fn offset_commit(
     let gid = req.group_id.to_string();
     // v10 names topics by id (KIP-516): resolved to names here, so the group's shard serves
     // every version alike. An id the catalog does not know is UNKNOWN_TOPIC_ID, as Kafka
-    // answers; its topic keeps an empty name, which commits nothing.
-    let mut unknown_ids = HashSet::new();
+    // answers, and is kept out of the commit: it neither fails the member's ownership check
+    // for the known topics beside it nor creates the group.
+    let mut unknown: Vec<OffsetCommitRequestTopic> = Vec::new();
     if version >= 10 {
         let catalog = shard.catalog.snapshot();
-        for (i, t) in req.topics.iter_mut().enumerate() {
-            match catalog.by_id(t.topic_id) {
-                Some(m) => t.name = TopicName(s(&m.name)),
-                None => {
-                    unknown_ids.insert(i);
-                }
-            }
-        }
+        let (known, not): (Vec<_>, Vec<_>) = std::mem::take(&mut req.topics)
+            .into_iter()
+            .partition(|t| catalog.by_id(t.topic_id).is_some());
+        req.topics = known
+            .into_iter()
+            .map(|t| {
+                let name = &catalog.by_id(t.topic_id).expect("partitioned on it").name;
+                t.with_name(TopicName(s(name)))
+            })
+            .collect();
+        unknown = not;
     }
     // Per (topic index, partition index): the answer.
     let shape: Vec<(String, Uuid, Vec<i32>)> = req
@@ -44,6 +48,8 @@ pub async fn offset_commit(
     };
     let codes: Vec<Vec<i16>> = if gid.is_empty() {
         all(invalid_group_id())
+    } else if req.topics.is_empty() && !unknown.is_empty() {
+        Vec::new()
     } else {
         let lost = all;
         on_group(shard, &gid.clone(), lost, move |s| async move {
@@ -51,12 +57,16 @@ pub async fn offset_commit(
         })
         .await
     };
+    let unknown = unknown.into_iter().map(|t| {
+        let codes = vec![errors::UNKNOWN_TOPIC_ID; t.partitions.len()];
+        let parts = t.partitions.iter().map(|p| p.partition_index).collect();
+        ((String::new(), t.topic_id, parts), codes)
+    });
     let topics = shape
         .into_iter()
         .zip(codes)
-        .enumerate()
-        .map(|(i, ((name, id, parts), codes))| {
-            let unknown = unknown_ids.contains(&i);
+        .chain(unknown)
+        .map(|((name, id, parts), codes)| {
             OffsetCommitResponseTopic::default()
                 .with_name(TopicName(s(&name)))
                 .with_topic_id(id)
@@ -67,7 +77,7 @@ pub async fn offset_commit(
                         .map(|(p, c)| {
                             OffsetCommitResponsePartition::default()
                                 .with_partition_index(p)
-                                .with_error_code(if unknown { errors::UNKNOWN_TOPIC_ID } else { c })
+                                .with_error_code(c)
                         })
                         .collect(),
                 )
@@ -270,48 +280,7 @@ pub(super) fn offset_fetch_response(
         resp.groups = wanted
             .iter()
             .zip(answers)
-            .map(|(w, a)| {
-                let unknown = w.unknown_ids.iter().map(|(id, ps)| {
-                    let ps = ps
-                        .iter()
-                        .map(|p| (*p, -1, -1, String::new(), errors::UNKNOWN_TOPIC_ID));
-                    (String::new(), Some(*id), ps.collect::<Vec<_>>())
-                });
-                let topics = a
-                    .topics
-                    .into_iter()
-                    .filter_map(|(t, ps)| {
-                        if version < 10 {
-                            return Some((t, None, ps));
-                        }
-                        topic_id(&t).map(|id| (t, Some(id), ps))
-                    })
-                    .chain(unknown);
-                OffsetFetchResponseGroup::default()
-                    .with_group_id(GroupId(s(&w.group_id)))
-                    .with_error_code(a.error)
-                    .with_topics(
-                        topics
-                            .map(|(t, id, ps)| {
-                                OffsetFetchResponseTopics::default()
-                                    .with_name(TopicName(s(&t)))
-                                    .with_topic_id(id.unwrap_or_default())
-                                    .with_partitions(
-                                        ps.into_iter()
-                                            .map(|(p, o, e, m, c)| {
-                                                OffsetFetchResponsePartitions::default()
-                                                    .with_partition_index(p)
-                                                    .with_committed_offset(o)
-                                                    .with_committed_leader_epoch(e)
-                                                    .with_metadata(Some(s(&m)))
-                                                    .with_error_code(c)
-                                            })
-                                            .collect(),
-                                    )
-                            })
-                            .collect(),
-                    )
-            })
+            .map(|(w, a)| fetched_group(w, a, version, topic_id))
             .collect();
     } else {
         let a = answers.into_iter().next().expect("one group");
@@ -346,6 +315,59 @@ pub(super) fn offset_fetch_response(
             .collect();
     }
     resp
+}
+
+/// One group of a v8+ OffsetFetch answer.
+fn fetched_group(
+    w: &FetchGroup,
+    a: FetchedGroup,
+    version: i16,
+    topic_id: &dyn Fn(&str) -> Option<Uuid>,
+) -> OffsetFetchResponseGroup {
+    // A group error answers the whole group, unknown ids included.
+    let unknown_ids = if a.error == errors::NONE {
+        &w.unknown_ids[..]
+    } else {
+        &[]
+    };
+    let unknown = unknown_ids.iter().map(|(id, ps)| {
+        let ps = ps
+            .iter()
+            .map(|p| (*p, -1, -1, String::new(), errors::UNKNOWN_TOPIC_ID));
+        (String::new(), Some(*id), ps.collect::<Vec<_>>())
+    });
+    let topics = a
+        .topics
+        .into_iter()
+        .filter_map(|(t, ps)| {
+            if version < 10 {
+                return Some((t, None, ps));
+            }
+            topic_id(&t).map(|id| (t, Some(id), ps))
+        })
+        .chain(unknown)
+        .map(|(t, id, ps)| {
+            OffsetFetchResponseTopics::default()
+                .with_name(TopicName(s(&t)))
+                .with_topic_id(id.unwrap_or_default())
+                .with_partitions(
+                    ps.into_iter()
+                        .map(|(p, o, e, m, c)| {
+                            OffsetFetchResponsePartitions::default()
+                                .with_partition_index(p)
+                                .with_committed_offset(o)
+                                .with_committed_leader_epoch(e)
+                                .with_metadata(Some(s(&m)))
+                                .with_error_code(c)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    OffsetFetchResponseGroup::default()
+        .with_group_id(GroupId(s(&w.group_id)))
+        .with_error_code(a.error)
+        .with_topics(topics)
 }
 
 pub(super) fn fetch_on_owner(s: &Rc<Shard>, want: FetchGroup) -> FetchedGroup {
