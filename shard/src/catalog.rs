@@ -52,6 +52,8 @@ pub fn topic_dir_name(name: &str, id: Uuid) -> String {
 /// A snapshot of all topics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TopicTable {
+    /// Read freely; change through [`TopicTable::insert`] and [`TopicTable::remove`], which
+    /// keep the id index right.
     pub topics: BTreeMap<String, Arc<TopicMeta>>,
     /// Topic id → name, built on the first lookup by id (Fetch v13+, Produce v13, the offset
     /// APIs' v10 name topics by id on every request).
@@ -62,6 +64,18 @@ pub struct TopicTable {
 impl TopicTable {
     pub fn get(&self, name: &str) -> Option<&Arc<TopicMeta>> {
         self.topics.get(name)
+    }
+
+    /// Adds or replaces a topic.
+    pub fn insert(&mut self, meta: Arc<TopicMeta>) {
+        self.ids = IdIndex::default();
+        self.topics.insert(meta.name.clone(), meta);
+    }
+
+    /// Removes a topic.
+    pub fn remove(&mut self, name: &str) -> Option<Arc<TopicMeta>> {
+        self.ids = IdIndex::default();
+        self.topics.remove(name)
     }
 
     /// The topic `id` names. The index maps to names and the answer is read from `topics`, so
@@ -397,15 +411,14 @@ impl Catalog {
                 configs,
                 pinned_leaders: BTreeMap::new(),
             });
-            t.topics.insert(name.to_string(), meta.clone());
+            t.insert(meta.clone());
             Ok(meta)
         })
     }
 
     pub fn delete_topic(&self, name: &str) -> Result<Arc<TopicMeta>, CatalogError> {
         self.update(|t| {
-            t.topics
-                .remove(name)
+            t.remove(name)
                 .ok_or_else(|| CatalogError::UnknownTopic(name.to_string()))
         })
     }
@@ -439,7 +452,7 @@ impl Catalog {
         }
         self.update(|t| {
             let meta = check(t)?;
-            t.topics.insert(name.to_string(), meta.clone());
+            t.insert(meta.clone());
             Ok(meta)
         })
     }
@@ -468,7 +481,7 @@ impl Catalog {
         }
         self.update(|t| {
             let meta = build(t)?;
-            t.topics.insert(name.to_string(), meta.clone());
+            t.insert(meta.clone());
             Ok(meta)
         })
     }
@@ -498,7 +511,7 @@ impl Catalog {
                 pinned_leaders: pins,
                 ..(**cur).clone()
             });
-            t.topics.insert(name.to_string(), meta.clone());
+            t.insert(meta.clone());
             Ok(meta)
         })
     }

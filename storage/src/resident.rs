@@ -61,9 +61,6 @@ pub(crate) unsafe fn map_file(path: &Path, len: u64) -> Result<(Bytes, Weak<Mmap
     // SAFETY: forwarded to the caller.
     let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
         .map_err(|e| StorageError::io("mapping segment", path, e))?;
-    // Reads walk a segment front to back: the kernel then reads ahead of the faults in large
-    // windows, as it does for read(2), instead of 128 KiB around each one.
-    let _ = map.advise(memmap2::Advice::Sequential);
     let map = Arc::new(map);
     let handle = Arc::downgrade(&map);
     Ok((Bytes::from_owner(MapOwner(map)), handle))
@@ -132,9 +129,10 @@ pub fn set_budget(bytes: usize) {
 pub(crate) fn touched(map: &Weak<Mmap>, from: usize, to: usize) {
     // The range is about to be written to a socket from this thread, which a page fault would
     // block for a disk read: ask for the pages not in the page cache now, so their reads run
-    // while the response is assembled and earlier ones are sent (MADV_WILLNEED starts the reads
-    // and does not wait for them). Pinned, 1 KiB records from 100 partitions after the page
-    // cache was dropped: see bench/README.md.
+    // while the response is assembled and earlier ones are sent. MADV_WILLNEED does not wait
+    // for the reads, though starting them can (page allocation, a full device queue), and the
+    // kernel starts at most its read-ahead window per call: the rest of a large range is read
+    // by the faults and the sequential read-ahead. Measured in bench/README.md.
     if let Some(m) = map.upgrade() {
         let len = to.min(m.len()).saturating_sub(from);
         if len > 0 {

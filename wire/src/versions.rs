@@ -154,13 +154,55 @@ mod tests {
         assert_eq!(r.finalized_features[0].max_version_level, 1);
     }
 
+    /// Checks that every version of `k` from `first` (the first past the codec) to `hi` has
+    /// a decoder and an encoder; returns the codec's part of the range's top.
+    fn past_codec_served(k: ApiKey, first: i16, hi: i16) -> i16 {
+        use crate::beyond::{self, How};
+        fn within<M: Message>(lo: i16, hi: i16) -> bool {
+            M::VERSIONS.min <= lo && hi <= M::VERSIONS.max && lo <= hi
+        }
+        let k = &k;
+        let hi = &hi;
+        for v in first..=*hi {
+            match beyond::request_how(*k, v) {
+                How::Codec => panic!("{k:?} v{v} is past the codec and has no row"),
+                How::Twin(t) => assert!(t < first, "{k:?} v{v} twin v{t}"),
+                How::ByHand => {
+                    // An empty body must be refused as truncated, not as unknown.
+                    let e = beyond::decode_request(*k, v, &mut bytes::Bytes::new()).unwrap_err();
+                    assert!(!e.starts_with("no decoder"), "{k:?} v{v}: {e}");
+                }
+            }
+            let encodes = match (beyond::response_how(*k, v), k) {
+                (How::Twin(t), _) => t < first,
+                (How::Codec, ApiKey::OffsetCommit) => within::<OffsetCommitResponse>(v, v),
+                (How::Codec, ApiKey::OffsetFetch) => within::<OffsetFetchResponse>(v, v),
+                (How::ByHand, ApiKey::DescribeLogDirs) => beyond::encode_response(
+                    &ResponseKind::DescribeLogDirs(Default::default()),
+                    v,
+                    &mut bytes::BytesMut::new(),
+                )
+                .is_some(),
+                (How::ByHand, ApiKey::DeleteGroups) => beyond::encode_response(
+                    &ResponseKind::DeleteGroups(Default::default()),
+                    v,
+                    &mut bytes::BytesMut::new(),
+                )
+                .is_some(),
+                (how, _) => panic!("{k:?} v{v} response {how:?}: add its check here"),
+            };
+            assert!(encodes, "{k:?} v{v}: no encoder for the response");
+        }
+        first - 1
+    }
+
     // Every range we advertise is one the codec can decode, or past it a row of
     // `beyond::PAST_CODEC` whose request and response are each read and written by the codec
     // (at that version or a twin) or by an arm of `beyond`, so no advertised version can fail
     // to parse or encode for lack of a schema.
     #[test]
     fn ranges_within_codec() {
-        use crate::beyond::{self, How};
+        use crate::beyond;
         fn within<M: Message>(lo: i16, hi: i16) -> bool {
             M::VERSIONS.min <= lo && hi <= M::VERSIONS.max && lo <= hi
         }
@@ -171,40 +213,7 @@ mod tests {
                 .filter(|(key, ..)| key == k)
                 .map(|(_, v, ..)| *v)
                 .min();
-            let hi = &past.map_or(*hi, |first| {
-                for v in first..=*hi {
-                    match beyond::request_how(*k, v) {
-                        How::Codec => panic!("{k:?} v{v} is past the codec and has no row"),
-                        How::Twin(t) => assert!(t < first, "{k:?} v{v} twin v{t}"),
-                        How::ByHand => {
-                            // An empty body must be refused as truncated, not as unknown.
-                            let e = beyond::decode_request(*k, v, &mut bytes::Bytes::new())
-                                .unwrap_err();
-                            assert!(!e.starts_with("no decoder"), "{k:?} v{v}: {e}");
-                        }
-                    }
-                    let encodes = match (beyond::response_how(*k, v), k) {
-                        (How::Twin(t), _) => t < first,
-                        (How::Codec, ApiKey::OffsetCommit) => within::<OffsetCommitResponse>(v, v),
-                        (How::Codec, ApiKey::OffsetFetch) => within::<OffsetFetchResponse>(v, v),
-                        (How::ByHand, ApiKey::DescribeLogDirs) => beyond::encode_response(
-                            &ResponseKind::DescribeLogDirs(Default::default()),
-                            v,
-                            &mut bytes::BytesMut::new(),
-                        )
-                        .is_some(),
-                        (How::ByHand, ApiKey::DeleteGroups) => beyond::encode_response(
-                            &ResponseKind::DeleteGroups(Default::default()),
-                            v,
-                            &mut bytes::BytesMut::new(),
-                        )
-                        .is_some(),
-                        (how, _) => panic!("{k:?} v{v} response {how:?}: add its check here"),
-                    };
-                    assert!(encodes, "{k:?} v{v}: no encoder for the response");
-                }
-                first - 1
-            });
+            let hi = &past.map_or(*hi, |first| past_codec_served(*k, first, *hi));
             let ok = match k {
                 ApiKey::Produce => within::<ProduceRequest>(*lo, *hi),
                 ApiKey::Fetch => within::<FetchRequest>(*lo, *hi),
