@@ -68,6 +68,18 @@ class Reader:
             size = self.uvarint()
             self.pos += size
 
+    def offset_partitions(self):
+        """An OffsetFetch (v8+) topic's partitions and its tagged fields:
+        {partition: (offset, metadata, error)}."""
+        ps = {}
+        for _ in range(self.count()):
+            p, off, _epoch = self.unpack(">iqi")
+            meta = self.string()
+            ps[p] = (off, meta, self.unpack(">h"))
+            self.tags()
+        self.tags()
+        return ps
+
     def done(self):
         assert self.pos == len(self.b), f"{len(self.b) - self.pos} bytes left over"
 
@@ -274,14 +286,7 @@ def offset_fetch_v10(broker, group, topics):
     out = {}
     for _ in range(r.count()):
         tid = r.uuid()
-        ps = {}
-        for _ in range(r.count()):
-            p, off, _epoch = r.unpack(">iqi")
-            meta = r.string()
-            ps[p] = (off, meta, r.unpack(">h"))
-            r.tags()
-        r.tags()
-        out[tid] = ps
+        out[tid] = r.offset_partitions()
     error = r.unpack(">h")
     r.tags()
     r.tags()
@@ -301,12 +306,7 @@ def offset_fetch_v9_topics(broker, group):
     names = []
     for _ in range(r.count()):
         names.append(r.string())
-        for _ in range(r.count()):
-            r.unpack(">iqi")
-            r.string()
-            r.unpack(">h")
-            r.tags()
-        r.tags()
+        r.offset_partitions()
     return names
 
 

@@ -41,9 +41,8 @@ pub struct ShardProbe {
     pub alive_ticks: AtomicU64,
     pub listener_bound: AtomicBool,
     pub stopped: AtomicBool,
-    pub requests: [AtomicU64; API_KEYS],
     /// Requests by API and version (Kafka's RequestsPerSec has a version tag too): which
-    /// protocol versions clients actually use.
+    /// protocol versions clients actually use. A row's sum is the API's request count.
     pub request_versions: Box<[[AtomicU64; API_VERSIONS]; API_KEYS]>,
     pub request_errors: [AtomicU64; API_KEYS],
     pub bytes_in: AtomicU64,
@@ -165,7 +164,6 @@ impl Default for ShardProbe {
             alive_ticks: AtomicU64::new(0),
             listener_bound: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
-            requests: std::array::from_fn(|_| AtomicU64::new(0)),
             request_versions: Box::new(std::array::from_fn(|_| {
                 std::array::from_fn(|_| AtomicU64::new(0))
             })),
@@ -197,9 +195,6 @@ impl ShardProbe {
     }
 
     pub fn count_request(&self, api_key: i16, version: i16) {
-        if let Some(c) = self.requests.get(api_key as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
         let slot = usize::try_from(version).map_or(0, |v| v.min(API_VERSIONS - 1));
         if let Some(row) = self.request_versions.get(api_key as usize) {
             row[slot].fetch_add(1, Ordering::Relaxed);

@@ -121,7 +121,9 @@ impl HealthView {
         for key in 0..API_KEYS {
             let served = SUPPORTED_APIS.iter().any(|(k, _, _)| *k as usize == key);
             let api = api_label(key);
-            let n = self.sum(|p| &p.requests[key]);
+            let n: u64 = (0..API_VERSIONS)
+                .map(|v| self.sum(|p| &p.request_versions[key][v]))
+                .sum();
             if served || n > 0 {
                 let labels = ApiLabels {
                     api,

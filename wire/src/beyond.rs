@@ -219,15 +219,7 @@ fn encode_describe_log_dirs_v5(r: &DescribeLogDirsResponse, out: &mut BytesMut) 
 
 /// A compact array's or string's length: unsigned varint of length + 1 (0 is null).
 fn put_len(out: &mut BytesMut, len: usize) {
-    put_uvarint(out, len as u64 + 1);
-}
-
-fn put_uvarint(out: &mut BytesMut, mut v: u64) {
-    while v >= 0x80 {
-        out.put_u8((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.put_u8(v as u8);
+    crate::varint::put_uvarint(out, len as u64 + 1);
 }
 
 /// A compact nullable string.

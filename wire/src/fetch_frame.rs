@@ -67,12 +67,8 @@ struct Writer {
 }
 
 impl Writer {
-    fn unsigned_varint(&mut self, mut v: u32) {
-        while v >= 0x80 {
-            self.current.put_u8((v as u8 & 0x7f) | 0x80);
-            v >>= 7;
-        }
-        self.current.put_u8(v as u8);
+    fn unsigned_varint(&mut self, v: u32) {
+        crate::varint::put_uvarint(&mut self.current, u64::from(v));
     }
     fn array_len(&mut self, n: usize, flexible: bool) {
         if flexible {

@@ -18,6 +18,16 @@ pub fn put_varint(out: &mut impl bytes::BufMut, v: i64) {
     out.put_u8(z as u8);
 }
 
+/// Appends the unsigned varint encoding of `v` (no zig-zag): the protocol's compact lengths and
+/// tagged-field counts.
+pub fn put_uvarint(out: &mut impl bytes::BufMut, mut v: u64) {
+    while v >= 0x80 {
+        out.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.put_u8(v as u8);
+}
+
 /// Bytes [`put_varint`] writes for `v`.
 pub fn varint_len(v: i64) -> usize {
     let z = ((v << 1) ^ (v >> 63)) as u64;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use kaas_wire::codec::{encode_response, Request};
 use kaas_wire::fetch_frame::{encode_fetch_response, ResponseFrame};
-use kaas_wire::kafka_protocol::messages::{RequestKind, ResponseKind};
+use kaas_wire::kafka_protocol::messages::{ApiVersionsResponse, RequestKind, ResponseKind};
 use kaas_wire::versions;
 
 /// The `authorized_operations` fields (Metadata, DescribeCluster, DescribeTopicPartitions,
@@ -90,7 +90,7 @@ fn api_versions(
     shard: &Shard,
     expected: Option<&kaas_wire::beyond::ExpectedBroker>,
     version: i16,
-) -> kaas_wire::kafka_protocol::messages::ApiVersionsResponse {
+) -> ApiVersionsResponse {
     if let Some(e) = expected {
         let refused = match (&e.cluster_id, e.node_id) {
             (None, -1) => None,
@@ -105,8 +105,7 @@ fn api_versions(
                 code,
                 "ApiVersions v5 names another cluster or broker"
             );
-            return kaas_wire::kafka_protocol::messages::ApiVersionsResponse::default()
-                .with_error_code(code);
+            return ApiVersionsResponse::default().with_error_code(code);
         }
     }
     versions::api_versions_response(errors::NONE, version)

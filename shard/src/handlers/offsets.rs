@@ -145,12 +145,7 @@ async fn lookup(
         LATEST => at(log.high_watermark()),
         EARLIEST | EARLIEST_LOCAL => at(log.log_start_offset()),
         MAX_TIMESTAMP => found(log.max_timestamp().await),
-        LATEST_TIERED | EARLIEST_PENDING_UPLOAD => OffsetAnswer {
-            error_code: errors::NONE,
-            timestamp: -1,
-            offset: -1,
-            leader_epoch: -1,
-        },
+        LATEST_TIERED | EARLIEST_PENDING_UPLOAD => found(Ok(None)),
         ts if ts >= 0 => found(log.offset_for_timestamp(ts).await),
         _ => OffsetAnswer::error(errors::INVALID_REQUEST),
     }

@@ -15,17 +15,12 @@ pub async fn offset_commit(
     let mut unknown: Vec<OffsetCommitRequestTopic> = Vec::new();
     if version >= 10 {
         let catalog = shard.catalog.snapshot();
-        let (known, not): (Vec<_>, Vec<_>) = std::mem::take(&mut req.topics)
-            .into_iter()
-            .partition(|t| catalog.by_id(t.topic_id).is_some());
-        req.topics = known
-            .into_iter()
-            .map(|t| {
-                let name = &catalog.by_id(t.topic_id).expect("partitioned on it").name;
-                t.with_name(TopicName(s(name)))
-            })
-            .collect();
-        unknown = not;
+        for t in std::mem::take(&mut req.topics) {
+            match catalog.by_id(t.topic_id) {
+                Some(m) => req.topics.push(t.with_name(TopicName(s(&m.name)))),
+                None => unknown.push(t),
+            }
+        }
     }
     // Per (topic index, partition index): the answer.
     let shape: Vec<(String, Uuid, Vec<i32>)> = req
