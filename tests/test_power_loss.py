@@ -66,6 +66,9 @@ class LazyFs:
         self.backing = root / "backing"
         self.mnt = root / "mnt"
         self.log_path = root / "lazyfs.log"
+        # While this file exists, the next fsync of a file fails with EIO and loses that file's
+        # unsynced pages (see `fail_next_fsync`).
+        self.fail_trigger = root / "fail-next-fsync"
         self.mnt.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen | None = None
         self.cuts = 0
@@ -76,7 +79,8 @@ class LazyFs:
         log.write(f"===== mount #{self.cuts + 1}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [str(lazyfs_bin()), "--backing", str(self.backing), str(self.mnt)],
+            [str(lazyfs_bin()), "--backing", str(self.backing),
+             "--fail-fsync-trigger", str(self.fail_trigger), str(self.mnt)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
@@ -104,6 +108,15 @@ class LazyFs:
         finally:
             os.close(fd)
         return path
+
+    def fail_next_fsync(self) -> None:
+        """A disk error during write-back: the next fsync of a file fails with EIO, and what
+        was written to that file since its last sync never reaches the disk (it reads back as
+        a hole). The fsync after it succeeds, as on Linux, which reports the error once."""
+        self.fail_trigger.touch()
+
+    def fsync_fault_pending(self) -> bool:
+        return self.fail_trigger.exists()
 
     def cut(self) -> None:
         """The power cut. Whatever kaas had not synced is gone."""
@@ -400,3 +413,75 @@ def test_power_cut_whole_cluster_keeps_lease_assignment_and_records(lazyfs, tmp_
         assert len(acked) > CLUSTER_ROUNDS * 20, "the load was too light to prove anything"
     finally:
         c.close()
+
+
+def test_a_failed_fsync_stops_acknowledging_until_a_restart(lazyfs, tmp_path):
+    """One fdatasync of the segment fails with EIO and the bytes it should have made durable
+    never reach the disk. kaas acknowledges nothing written after that (librdkafka's retries of
+    the refused batch and every later record time out), /healthz reports the broker failed with
+    what to do, and after a power cut and a restart every acknowledged record is there, with no
+    hole, and the broker accepts writes again. Before, the retried batch was appended behind the
+    lost bytes and acknowledged by the next fdatasync (which succeeds: the kernel reports a
+    write-back error once), and the restart lost it and every record after it."""
+    import urllib.error
+    import urllib.request
+    (tmp_path / "broker").mkdir()
+    broker = Broker(tmp_path / "broker", extra_args=SYNC_SCOPE)
+    broker.data_dir = lazyfs.durable_dir("data")
+    topic = "fsync-error"
+    acked: dict[tuple[int, int], bytes] = {}
+    failed: list[str] = []
+
+    def on_delivery(err, msg):
+        if err is None:
+            acked[(msg.partition(), msg.offset())] = msg.value()
+        else:
+            failed.append(f"{msg.value()!r}: {err}")
+
+    def health() -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(broker.health_url + "/healthz", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        broker.start()
+        create_topic(broker.bootstrap, topic, 1)
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0,
+                      "message.timeout.ms": 8000, "retry.backoff.ms": 200})
+        for i in range(20):
+            p.produce(topic, f"before-{i}".encode(), on_delivery=on_delivery)
+            assert p.flush(30) == 0
+        assert len(acked) == 20 and not failed, failed
+        assert health()[0] == 200
+
+        lazyfs.fail_next_fsync()
+        p.produce(topic, b"lost", on_delivery=on_delivery)
+        p.flush(30)
+        assert not lazyfs.fsync_fault_pending(), "the write was never fsynced"
+        for i in range(10):
+            p.produce(topic, f"after-{i}".encode(), on_delivery=on_delivery)
+        p.flush(30)
+        late = {k: v for k, v in acked.items() if not v.startswith(b"before-")}
+        assert not late, f"acknowledged after the failed fdatasync: {sorted(late.items())[:5]}"
+        assert len(failed) == 11, failed
+        status, body = health()
+        assert status == 503 and body["status"] == "failed", (status, body)
+        assert "restart the broker" in (body["storage"]["sync_failed"] or ""), body["storage"]
+
+        broker.kill()
+        lazyfs.cut()
+        lazyfs.mount()
+        broker.start()
+        assert health()[0] == 200
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0,
+                      "message.timeout.ms": 30000})
+        p.produce(topic, b"again", on_delivery=on_delivery)
+        assert p.flush(30) == 0
+        stored = read_all(broker.bootstrap, topic, 1)
+        check_log(stored, acked, 1)
+        assert [v for _, v in sorted(stored.items())] == \
+            [f"before-{i}".encode() for i in range(20)] + [b"again"], sorted(stored.items())[18:]
+    finally:
+        broker.close()

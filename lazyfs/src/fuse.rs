@@ -2,7 +2,7 @@
 //! request at a time anyway, and the model is pure bookkeeping plus small backing-file IO.
 
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -20,10 +20,17 @@ const TTL: Duration = Duration::from_secs(1);
 
 pub struct LazyFs {
     fs: Mutex<Fs>,
+    /// While this file exists, the next fsync of a file loses that file's unsynced pages and
+    /// fails with EIO (the file is removed, so one fault per creation).
+    fail_fsync_trigger: Option<PathBuf>,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it until the mount goes away.
-pub fn mount(fs: Fs, mountpoint: &Path) -> std::io::Result<()> {
+pub fn mount(
+    fs: Fs,
+    mountpoint: &Path,
+    fail_fsync_trigger: Option<PathBuf>,
+) -> std::io::Result<()> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("kaas-lazyfs".into()),
@@ -31,7 +38,14 @@ pub fn mount(fs: Fs, mountpoint: &Path) -> std::io::Result<()> {
     ];
     // No direct_io and no writeback cache: writes reach the daemon as they are made (so a cut
     // loses nothing the kernel held back), and reads and mmap go through the page cache.
-    fuser::mount(LazyFs { fs: Mutex::new(fs) }, mountpoint, &config)
+    fuser::mount(
+        LazyFs {
+            fs: Mutex::new(fs),
+            fail_fsync_trigger,
+        },
+        mountpoint,
+        &config,
+    )
 }
 
 fn err(e: i32) -> Errno {
@@ -324,6 +338,16 @@ impl Filesystem for LazyFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if let Some(trigger) = &self.fail_fsync_trigger {
+            if std::fs::remove_file(trigger).is_ok() {
+                log::warn!(
+                    "failing the fsync of inode {} with EIO: its unsynced pages are lost",
+                    ino.0
+                );
+                let lost = self.with(|fs| fs.lose_unsynced(ino.0));
+                return empty(reply, lost.and(Err(libc::EIO)));
+            }
+        }
         // fdatasync and fsync alike: the size is data here, and names are the directory's.
         empty(reply, self.with(|fs| fs.fsync_file(ino.0)))
     }

@@ -23,6 +23,10 @@
 //! (`tests/test_power_loss.py`) runs kaas with `--sync-scope file` (fdatasync of the segment,
 //! fsync of files and directories). [`model::Fs::sync_all`] is what a forwarded syncfs would do.
 //!
+//! Fault injection: with `--fail-fsync-trigger PATH`, while PATH exists the next fsync of a
+//! file fails with EIO and loses the file's unsynced pages ([`model::Fs::lose_unsynced`]), as a
+//! disk's failed write-back does; the daemon removes PATH, so each creation is one fault.
+//!
 //! Not modelled: `fallocate` (refused with EOPNOTSUPP; kaas zero-fills instead), symlinks,
 //! extended attributes, and durable ownership or permissions (everything comes back as root,
 //! 0644/0755). `flock` and POSIX locks are not implemented here, so the kernel keeps them

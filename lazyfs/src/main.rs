@@ -13,6 +13,11 @@ struct Args {
     /// Directory on a real disk holding the durable state (created if missing).
     #[arg(long)]
     backing: PathBuf,
+    /// Fault injection: while this file exists, the next fsync of a file loses the file's
+    /// unsynced pages and fails with EIO, as a disk's failed write-back does (the daemon
+    /// removes the file, so each creation is one fault).
+    #[arg(long)]
+    fail_fsync_trigger: Option<PathBuf>,
     /// Where to mount.
     mountpoint: PathBuf,
 }
@@ -44,6 +49,6 @@ fn main() -> anyhow::Result<()> {
     log::set_max_level(level);
     let fs = kaas_lazyfs::model::Fs::load(&args.backing)
         .with_context(|| format!("loading durable state from {}", args.backing.display()))?;
-    kaas_lazyfs::fuse::mount(fs, &args.mountpoint)
+    kaas_lazyfs::fuse::mount(fs, &args.mountpoint, args.fail_fsync_trigger)
         .with_context(|| format!("serving {}", args.mountpoint.display()))
 }

@@ -594,6 +594,16 @@ impl Fs {
         Ok(())
     }
 
+    /// A failed write-back, as a disk error makes one: the file's unsynced pages never reach
+    /// the disk. They read back as what is durable there (or zeros) from now on; the size the
+    /// kernel was told stays, so the lost range is a hole, not a shorter file. The caller
+    /// answers the fsync that found out with EIO; the next fsync succeeds (as on Linux, where
+    /// the error is reported once).
+    pub fn lose_unsynced(&mut self, ino: u64) -> Result<(), Errno> {
+        self.file_mut(ino)?.dirty.clear();
+        Ok(())
+    }
+
     /// `fsync` of a directory: its entry table (names → inodes) becomes durable. An entry for
     /// a file whose contents were never synced comes back as an empty file.
     pub fn fsync_dir(&mut self, ino: u64) -> Result<(), Errno> {

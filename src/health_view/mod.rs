@@ -88,7 +88,10 @@ impl HealthView {
             .probes
             .iter()
             .all(|p| p.listener_bound.load(Ordering::Relaxed));
-        let all_alive = alive.iter().all(|a| *a);
+        // A failed sync stops every write for good (kaas_storage::sync_failure): the broker is
+        // not healthy, so a liveness probe restarts it and recovery runs from what is on disk.
+        let sync_failed = kaas_storage::sync_failure::failure();
+        let all_alive = alive.iter().all(|a| *a) && sync_failed.is_none();
         let snapshot = self.catalog.snapshot();
         let partitions: i64 = snapshot.topics.values().map(|t| t.partitions as i64).sum();
         let (open_fds, fd_limit) = fd_usage();
@@ -107,7 +110,7 @@ impl HealthView {
             })
             .collect();
         let mut body = serde_json::json!({
-            "status": if all_alive { "ok" } else { "degraded" },
+            "status": if sync_failed.is_some() { "failed" } else if all_alive { "ok" } else { "degraded" },
             "version": env!("CARGO_PKG_VERSION"),
             "mode": "single-node",
             "broker_id": self.config.broker_id,
@@ -138,6 +141,7 @@ impl HealthView {
                 "produce_refused": self.admission.disk.below_floor().is_some(),
                 "produce_refused_total": self.admission.disk.refused.load(Ordering::Relaxed),
                 "ballast_armed": kaas_storage::ballast::armed(),
+                "sync_failed": sync_failed,
             },
         });
         let mut serving = true;
@@ -175,6 +179,8 @@ impl HealthSource for HealthView {
             "serving".to_string()
         } else if !bound {
             "Kafka listener not bound on every shard".to_string()
+        } else if let Some(why) = kaas_storage::sync_failure::failure() {
+            why.to_string()
         } else if body["status"] != "ok" {
             "a shard is not alive".to_string()
         } else {

@@ -81,6 +81,7 @@ pub fn filesystem_syncs() -> u64 {
 /// holds `dir` (a partition directory). Every partition lives under the one data directory, so
 /// the shard keeps a single descriptor, opened on first use.
 pub(crate) async fn sync_filesystem(dir: &Path) -> Result<(), StorageError> {
+    crate::sync_failure::check(dir)?;
     let group = GROUP.with(Rc::clone);
     if group.dir.borrow().is_none() {
         // The data directory itself (partition directories are `<data>/<topic>~<id>/<n>`), not
@@ -130,10 +131,20 @@ async fn drive(group: Rc<Group>) {
             })
             .await;
         crate::stats::counted_sync(started, result.is_ok());
+        if let Err(e) = &result {
+            crate::sync_failure::record("syncfs of the data directory's filesystem", e);
+        }
+        // After a failure (this call's or any other sync's) nothing counts as durable, and
+        // every waiter, whichever call it waits for, is answered with that failure.
+        let failed = crate::sync_failure::failure();
+        let result = match failed {
+            Some(why) => Err(why.to_string()),
+            None => result,
+        };
         let mut waiters = group.waiters.borrow_mut();
         let mut i = 0;
         while i < waiters.len() {
-            if waiters[i].0 <= call {
+            if waiters[i].0 <= call || failed.is_some() {
                 let (_, w) = waiters.swap_remove(i);
                 let _ = w.send(result.clone());
             } else {

@@ -27,6 +27,7 @@ mod producer;
 pub mod resident;
 mod segment;
 pub mod stats;
+pub mod sync_failure;
 
 pub use error::StorageError;
 pub use fs_sync::{filesystem_syncs, SyncScope};

@@ -473,7 +473,11 @@ async fn acknowledge_when_durable(
                     .await
             }
             Err(e) if !log.is_closed() => {
-                tracing::error!(topic = %meta.name, partition, error = %e, "fsync failed; acks=all produce not acknowledged");
+                // Once per interval: a failed sync fails every acks=all request after it.
+                crate::ratelog::limited("fsync failed", |suppressed| {
+                    tracing::error!(topic = %meta.name, partition, error = %e, suppressed,
+                        "fsync failed; acks=all produce not acknowledged");
+                });
                 return PartResult::error(errors::storage(&e));
             }
             // Closed while waiting: whether its close kept the write decides, below.

@@ -39,6 +39,8 @@ impl PartitionLog {
         if self.closed.get() {
             return Err(StorageError::Closed);
         }
+        // Nothing more is written once a sync has failed (see `sync_failure`).
+        crate::sync_failure::check(&self.dir)?;
         let current = self.state.borrow().epoch;
         if epoch.0 < current {
             return Err(StorageError::FencedLeaderEpoch {
@@ -343,10 +345,7 @@ impl PartitionLog {
         };
         let scope = self.config.borrow().sync_scope;
         if scope == SyncScope::File {
-            old_file
-                .fdatasync()
-                .await
-                .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))?;
+            crate::sync_failure::fdatasync_segment(&old_file, &old_path).await?;
             self.seal(&old_path, snapshot).await?;
         } else {
             // Weak: a log dropped or closed before the fsync returns is not sealed (`close`
@@ -355,10 +354,7 @@ impl PartitionLog {
             glommio::spawn_local(async move {
                 let synced = {
                     let _slot = fsync_slot().await;
-                    old_file
-                        .fdatasync()
-                        .await
-                        .map_err(|e| StorageError::io("fsyncing segment", &old_path, e))
+                    crate::sync_failure::fdatasync_segment(&old_file, &old_path).await
                 };
                 let Some(log) = log.upgrade() else {
                     return;

@@ -28,9 +28,7 @@ impl PartitionLog {
             return Ok(());
         }
         if self.config.borrow().sync_scope == SyncScope::File {
-            file.fdatasync()
-                .await
-                .map_err(|e| StorageError::io("fsyncing segment", &path, e))?;
+            crate::sync_failure::fdatasync_segment(&file, &path).await?;
         } else {
             // Also covers segments rolled but not yet sealed, which the snapshot below counts.
             crate::fs_sync::sync_filesystem(&self.dir).await?;

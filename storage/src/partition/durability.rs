@@ -11,6 +11,7 @@ impl PartitionLog {
             if fl.durable_end >= end_offset {
                 return Ok(());
             }
+            crate::sync_failure::check(&self.dir)?;
             let (tx, rx) = futures::channel::oneshot::channel();
             fl.waiters.push((end_offset, tx));
             if !fl.syncing {
@@ -74,7 +75,11 @@ impl PartitionLog {
             }
             let end = me.log_end_offset();
             if let Err(e) = me.wait_durable(end).await {
-                tracing::error!(dir = %me.dir.display(), error = %e, "periodic flush failed");
+                // After a failed sync every partition's flush fails the same way, and that
+                // was said once already (`sync_failure`).
+                if crate::sync_failure::failure().is_none() {
+                    tracing::error!(dir = %me.dir.display(), error = %e, "periodic flush failed");
+                }
             }
         })
         .detach();
@@ -95,10 +100,7 @@ impl PartitionLog {
                 SyncScope::File => {
                     let _slot = fsync_slot().await;
                     let started = std::time::Instant::now();
-                    let result = file
-                        .fdatasync()
-                        .await
-                        .map_err(|e| StorageError::io("fsyncing segment", &path, e));
+                    let result = crate::sync_failure::fdatasync_segment(&file, &path).await;
                     crate::stats::counted_sync(started, result.is_ok());
                     result
                 }
@@ -106,6 +108,16 @@ impl PartitionLog {
                 SyncScope::Filesystem => crate::fs_sync::sync_filesystem(&self.dir).await,
             };
             let mut fl = self.flush.borrow_mut();
+            if let Err(e) = crate::sync_failure::check(&self.dir) {
+                // A sync failed (this one or another partition's): nothing more becomes
+                // durable, so every waiter fails now instead of waiting for a sync that would
+                // prove nothing.
+                for (_, w) in std::mem::take(&mut fl.waiters) {
+                    let _ = w.send(Err(e.clone()));
+                }
+                fl.syncing = false;
+                return;
+            }
             if result.is_ok() {
                 fl.durable_end = fl.durable_end.max(target);
                 let synced = self.synced_bytes.get();

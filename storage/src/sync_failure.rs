@@ -1,0 +1,70 @@
+//! A failed sync is final: once an `fdatasync` or `syncfs` has reported an error, no later sync
+//! of this process counts as making anything durable, and no partition accepts writes.
+//!
+//! Why: a sync error means some write-back since the last successful sync did not reach the
+//! disk, and the kernel reports it once (per open file, through its error sequence). The next
+//! sync of the same file or filesystem returns success although those bytes are still missing
+//! — the data the kernel holds may even read back correctly from the page cache. A log that
+//! went on would acknowledge writes behind a hole: a client retrying the refused batch gets it
+//! appended again (or, idempotent, answered as a duplicate of the lost one) and acknowledged
+//! by that next, successful sync, and the recovery after the next restart cuts the log at the
+//! hole, taking every later acknowledged batch with it. PostgreSQL stops on a failed fsync for
+//! the same reason; Kafka takes the log directory offline (with one directory, the broker
+//! stops).
+//!
+//! So the first failure is recorded here for the whole process: appends and durability waits
+//! fail with KAFKA_STORAGE_ERROR and this message, `/healthz` reports the broker as failed (the
+//! chart's liveness probe then restarts it) and the operator is told once what to do. A restart
+//! recovers each log from what the files hold.
+//!
+//! Not covered: a watchdog timeout (the sync has not failed, only not yet returned) and sync
+//! errors of files that are not log data (manifests, snapshots), which fail their own operation.
+
+use std::sync::OnceLock;
+
+use crate::StorageError;
+
+static FAILED: OnceLock<String> = OnceLock::new();
+
+/// Records that a sync of log data failed (`what`: the operation and path, `error`: what the
+/// kernel said). The first failure is logged; later ones keep the first message.
+pub(crate) fn record(what: &str, error: &str) {
+    let mut first = false;
+    FAILED.get_or_init(|| {
+        first = true;
+        format!(
+            "{what} failed ({error}): writes since the last successful sync may not be on \
+             disk, so this broker accepts no more writes. Check the data volume (kernel log: \
+             dmesg), then restart the broker; it recovers each log from what is on disk"
+        )
+    });
+    if first {
+        tracing::error!("{}", failure().unwrap_or_default());
+    }
+}
+
+/// Why this process's storage stopped accepting writes, if it has.
+pub fn failure() -> Option<&'static str> {
+    FAILED.get().map(String::as_str)
+}
+
+/// `fdatasync` of a segment file, recorded here if it fails; refused once storage has failed
+/// (a success then would say nothing about the bytes the failed sync lost).
+pub(crate) async fn fdatasync_segment(
+    file: &glommio::io::BufferedFile,
+    path: &std::path::Path,
+) -> Result<(), StorageError> {
+    check(path)?;
+    file.fdatasync().await.map_err(|e| {
+        record(&format!("fdatasync of {}", path.display()), &e.to_string());
+        StorageError::io("fsyncing segment", path, e)
+    })
+}
+
+/// The error an append or a durability wait gets once storage has failed.
+pub(crate) fn check(dir: &std::path::Path) -> Result<(), StorageError> {
+    match failure() {
+        None => Ok(()),
+        Some(why) => Err(StorageError::io("refused", dir, why)),
+    }
+}
