@@ -313,6 +313,17 @@ def test_kafka_transactions_describe_producers(broker, kafka_libs):
     assert len([line for line in r.stdout.splitlines() if line.strip()]) == 1, r.stdout
 
 
+def test_kafka_transactions_list_shows_none(broker, kafka_libs):
+    """`kafka-transactions list` (ListTransactions, refused as unsupported before) prints its
+    table with no rows: kaas never starts a transaction, as a Kafka cluster without
+    transactional producers lists none."""
+    r = kafka_tool("kafka-transactions", "--bootstrap-server", broker.bootstrap, "list")
+    assert r.returncode == 0 and "Exception" not in r.stdout + r.stderr, (r.stdout, r.stderr[-2000:])
+    lines = [line.split() for line in r.stdout.splitlines() if line.strip()]
+    assert lines and lines[0][:2] == ["TransactionalId", "Coordinator"], r.stdout
+    assert len(lines) == 1, r.stdout
+
+
 def test_quota_scram_and_reassignment_tools_answer_empty(broker, kafka_libs):
     """What kaas has none of is described as empty, as Kafka describes an unconfigured cluster
     (these tools failed with UnsupportedVersionException before): client quotas, SCRAM users,

@@ -396,3 +396,34 @@ def test_the_java_client_negotiates_the_newest_versions(broker, java_classes):
     for api, version in [("ApiVersions", 5), ("Produce", 13), ("Fetch", 18), ("Metadata", 13),
                          ("OffsetCommit", 10), ("OffsetFetch", 10)]:
         assert sent.get((api, version), 0) > 0, f"no {api} v{version} arrived: {sorted(sent)}"
+
+
+LIST_TRANSACTIONS, INVALID_REGULAR_EXPRESSION = 66, 128
+
+
+def list_transactions_v2(broker, states: list[str], pattern: str | None) -> tuple[int, list, int]:
+    """ListTransactions v2 (KIP-1152's transactional-id pattern): (error, unknown state
+    filters, number of transactions)."""
+    body = (kwire.uvarint(len(states) + 1) + b"".join(kwire.compact_string(s) for s in states)
+            + kwire.uvarint(1)                 # producer id filters: none
+            + struct.pack(">q", -1)            # duration filter: any
+            + kwire.compact_string(pattern) + kwire.uvarint(0))
+    r = Reader(roundtrip(broker, kwire.request(LIST_TRANSACTIONS, 2, 66, body, flexible=True)))
+    _throttle, error = r.unpack(">ih")
+    unknown = [r.string() for _ in range(r.count())]
+    n = r.count()
+    assert n == 0 or error, "kaas never has a transaction to list"
+    r.tags()
+    r.done()
+    return error, unknown, n
+
+
+def test_list_transactions_checks_filters_as_kafka_and_lists_none(broker):
+    """ListTransactions v2 lists no transaction (kaas starts none). As Kafka does, it lists back
+    the state filters that name no transaction state, and refuses a transactional-id pattern
+    that is not a regular expression with INVALID_REGULAR_EXPRESSION."""
+    assert kwire.api_versions(broker)[LIST_TRANSACTIONS] == (0, 2)
+    assert list_transactions_v2(broker, [], None) == (NONE, [], 0)
+    assert list_transactions_v2(broker, ["Ongoing", "Sleeping", "CompleteCommit"], "orders-.*") \
+        == (NONE, ["Sleeping"], 0)
+    assert list_transactions_v2(broker, [], "orders-(")[0] == INVALID_REGULAR_EXPRESSION

@@ -102,3 +102,4 @@ pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();
 pub const COORDINATOR_NOT_AVAILABLE: i16 = E::CoordinatorNotAvailable.code();
 pub const RESOURCE_NOT_FOUND: i16 = E::ResourceNotFound.code();
+pub const INVALID_REGULAR_EXPRESSION: i16 = E::InvalidRegularExpression.code();

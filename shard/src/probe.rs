@@ -263,6 +263,7 @@ pub fn api_name(key: i16) -> Option<&'static str> {
         ApiKey::DescribeProducers => "DescribeProducers",
         ApiKey::DescribeClientQuotas => "DescribeClientQuotas",
         ApiKey::DescribeUserScramCredentials => "DescribeUserScramCredentials",
+        ApiKey::ListTransactions => "ListTransactions",
         ApiKey::ListPartitionReassignments => "ListPartitionReassignments",
         ApiKey::AlterPartitionReassignments => "AlterPartitionReassignments",
         ApiKey::ElectLeaders => "ElectLeaders",

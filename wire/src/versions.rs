@@ -35,6 +35,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeClientQuotas, 0, 1),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
+    // kafka-transactions list: none exists (transactional producers are refused).
+    (ApiKey::ListTransactions, 0, 2),
     // kafka-reassign-partitions: a reassignment moves a partition's leadership to the one
     // broker it names, copying nothing (shard/src/handlers/reassign.rs).
     (ApiKey::AlterPartitionReassignments, 0, 1),
@@ -241,6 +243,7 @@ mod tests {
                 ApiKey::DescribeUserScramCredentials => {
                     within::<DescribeUserScramCredentialsRequest>(*lo, *hi)
                 }
+                ApiKey::ListTransactions => within::<ListTransactionsRequest>(*lo, *hi),
                 ApiKey::ListPartitionReassignments => {
                     within::<ListPartitionReassignmentsRequest>(*lo, *hi)
                 }

@@ -1,8 +1,9 @@
-//! Read-only admin APIs that tools and UIs call (kafka-transactions describe-producers,
+//! Read-only admin APIs that tools and UIs call (kafka-transactions describe-producers and list,
 //! kafka-configs --entity-type clients/users, kafka-reassign-partitions --list, AKHQ, Kafka-UI):
 //! DescribeProducers from each partition's idempotent-producer state, and the empty answers of
-//! what kaas has none of — client quotas, SCRAM credentials, ongoing reassignments (a leader
-//! move copies no data, so none is ever in progress).
+//! what kaas has none of — client quotas, SCRAM credentials, transactions (none is ever
+//! started: a transactional producer is refused at FindCoordinator), ongoing reassignments (a
+//! leader move copies no data, so none is ever in progress).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use kaas_wire::kafka_protocol::messages::describe_user_scram_credentials_respons
 use kaas_wire::kafka_protocol::messages::{
     DescribeClientQuotasRequest, DescribeClientQuotasResponse, DescribeProducersRequest,
     DescribeProducersResponse, DescribeUserScramCredentialsRequest,
-    DescribeUserScramCredentialsResponse, ProducerId,
+    DescribeUserScramCredentialsResponse, ListTransactionsRequest, ListTransactionsResponse,
+    ProducerId,
 };
 use kaas_wire::kafka_protocol::protocol::StrBytes;
 
@@ -120,4 +122,37 @@ pub fn describe_user_scram_credentials(
         })
         .collect();
     DescribeUserScramCredentialsResponse::default().with_results(results)
+}
+
+/// Transaction states a ListTransactions filter may name (Kafka's `TransactionState`); any other
+/// filter is echoed back as unknown, as Kafka does.
+const TRANSACTION_STATES: &[&str] = &[
+    "Empty",
+    "Ongoing",
+    "PrepareCommit",
+    "PrepareAbort",
+    "CompleteCommit",
+    "CompleteAbort",
+    "Dead",
+    "PrepareEpochFence",
+];
+
+/// No transaction exists (kaas serves none): an empty list, with Kafka's checks of the filters —
+/// unknown state names are listed back, and a transactional-id pattern (v2) that is not a
+/// regular expression is INVALID_REGULAR_EXPRESSION.
+pub fn list_transactions(req: ListTransactionsRequest) -> ListTransactionsResponse {
+    let unknown = req
+        .state_filters
+        .into_iter()
+        .filter(|s| !TRANSACTION_STATES.contains(&s.as_str()))
+        .collect();
+    let resp = ListTransactionsResponse::default()
+        .with_unknown_state_filters(unknown)
+        .with_transaction_states(Vec::new());
+    match req.transactional_id_pattern.as_deref() {
+        Some(p) if !p.is_empty() && regex::Regex::new(p).is_err() => {
+            resp.with_error_code(errors::INVALID_REGULAR_EXPRESSION)
+        }
+        _ => resp,
+    }
 }

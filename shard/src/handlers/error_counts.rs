@@ -45,6 +45,7 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
             std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code))
         })),
         R::DescribeClientQuotas(r) => f(r.error_code),
+        R::ListTransactions(r) => f(r.error_code),
         R::DescribeUserScramCredentials(r) => {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))
         }

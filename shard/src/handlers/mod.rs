@@ -184,6 +184,9 @@ pub async fn handle(
         RequestKind::DescribeUserScramCredentials(r) => {
             ResponseKind::DescribeUserScramCredentials(describe::describe_user_scram_credentials(r))
         }
+        RequestKind::ListTransactions(r) => {
+            ResponseKind::ListTransactions(describe::list_transactions(r))
+        }
         RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(elect::elect_leaders(shard, r)),
         RequestKind::ListPartitionReassignments(r) => ResponseKind::ListPartitionReassignments(
             reassign::list_partition_reassignments(shard, r),
