@@ -17,7 +17,7 @@ taken back to back. This script alternates, on the same filesystem:
 in the order raw, kaas, raw, kaas, ..., raw, and reports each kaas run against the mean of the
 raw runs just before and after it. Between runs `sync` flushes what the last run left dirty.
 
-Usage: bench/durable_vs_raw.py [--rounds N] [--duration S] [--chunk BYTES] [--pinned]
+Usage: bench/durable_vs_raw.py [--rounds N] [--duration S] [--chunk BYTES] [--pinned] [--producers N]
                                [--workdir DIR] [--kaas-bin PATH] [--bench-bin PATH]
                                [--sync-scope filesystem|file]
 --pinned: the broker on core 0 (--shards 1), kaas-bench and the raw writer on core 1.
@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--chunk", type=int, default=1 << 20, help="raw write size, bytes")
     ap.add_argument("--pinned", action="store_true")
+    ap.add_argument("--producers", type=int, default=1,
+                    help="kaas-bench producers (each with its own connection and 5 requests in flight)")
     ap.add_argument("--sync-scope", default="filesystem", choices=("filesystem", "file"))
     ap.add_argument("--workdir", help="on the filesystem to measure (default: a new directory "
                     "under $TMPDIR)")
@@ -123,7 +125,8 @@ def main() -> None:
             report = workdir / f"kaas-{r}.json"
             subprocess.run([*client_cpu, a.bench_bin, "produce", "--bootstrap",
                             f"127.0.0.1:{port}", "--topic", "durable", "--partitions", "100",
-                            "--acks", "all", "--duration", f"{a.duration:g}s", "--json",
+                            "--acks", "all", "--producers", str(a.producers),
+                            "--duration", f"{a.duration:g}s", "--json",
                             str(report)], check=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=a.duration + 120)
             produced = json.loads(report.read_text())["produce"]
@@ -138,7 +141,8 @@ def main() -> None:
             broker.kill()
         if not a.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\nraw: append {a.chunk} B + fdatasync; kaas: acks=all, --sync-scope {a.sync_scope}"
+    print(f"\nraw: append {a.chunk} B + fdatasync; kaas: acks=all, {a.producers} producer(s), "
+          f"--sync-scope {a.sync_scope}"
           f"{', pinned' if a.pinned else ''}\n")
     print("| run | raw before, MiB/s | kaas acks=all, MiB/s | raw after, MiB/s | kaas ÷ raw mean |")
     print("|---|---:|---:|---:|---:|")
