@@ -312,7 +312,10 @@ impl Shard {
                 }
             }
             if let Err(e) = closed {
-                if log.dir().exists() {
+                if kaas_storage::sync_failure::failure().is_some() {
+                    // Every close fails after a failed sync, which was reported once already.
+                    tracing::debug!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition after a failed sync");
+                } else if log.dir().exists() {
                     tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition failed; the next open recovers it from its log");
                 } else {
                     // Its topic was deleted (by another broker) while it closed: nothing is lost.
@@ -636,8 +639,15 @@ impl Shard {
             .collect();
         // Concurrently: each close waits on its own fdatasync, and io_uring runs them together.
         let closes = slots.into_iter().filter_map(|slot| slot.log.borrow_mut().take()).map(|log| async move {
-            if let Err(e) = log.close().await {
-                tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing partition failed; it will be recovered from its log on next start");
+            match log.close().await {
+                // Every close fails after a failed sync, which was reported once already.
+                Err(e) if kaas_storage::sync_failure::failure().is_some() => {
+                    tracing::debug!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition after a failed sync");
+                }
+                Err(e) => {
+                    tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing partition failed; it will be recovered from its log on next start");
+                }
+                Ok(()) => {}
             }
         });
         futures::future::join_all(closes).await;

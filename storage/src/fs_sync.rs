@@ -66,6 +66,9 @@ struct Group {
     /// reports a writeback error that happened since the descriptor was opened, so a fresh one
     /// per call could miss a failure of background writeback.
     dir: RefCell<Option<Arc<std::fs::File>>>,
+    /// `__meta/sync-probe` in the data directory: after each `syncfs` a no-op change to it
+    /// shows whether the filesystem still accepts changes (`sync_failure::still_accepts_changes`).
+    probe: RefCell<Option<Arc<std::fs::File>>>,
 }
 
 thread_local! {
@@ -90,7 +93,15 @@ pub(crate) async fn sync_filesystem(dir: &Path) -> Result<(), StorageError> {
         let root = dir.ancestors().nth(2).unwrap_or(dir);
         let file = std::fs::File::open(root)
             .map_err(|e| StorageError::io("opening the data directory for syncfs", root, e))?;
+        let probe_path = root.join("__meta").join("sync-probe");
+        let probe = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&probe_path)
+            .map_err(|e| StorageError::io("opening the sync probe", &probe_path, e))?;
         *group.dir.borrow_mut() = Some(Arc::new(file));
+        *group.probe.borrow_mut() = Some(Arc::new(probe));
     }
     let (tx, rx) = futures::channel::oneshot::channel();
     group
@@ -119,12 +130,17 @@ async fn drive(group: Rc<Group>) {
             .borrow()
             .clone()
             .expect("opened before the first waiter");
+        let probe = group
+            .probe
+            .borrow()
+            .clone()
+            .expect("opened with the directory");
         let started = std::time::Instant::now();
         let result = glommio::executor()
             .spawn_blocking(move || {
                 // SAFETY: syncfs only reads the descriptor, which `dir` keeps open.
                 if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
-                    Ok(())
+                    crate::sync_failure::still_accepts_changes(probe.as_raw_fd())
                 } else {
                     Err(std::io::Error::last_os_error().to_string())
                 }

@@ -54,11 +54,51 @@ pub(crate) async fn fdatasync_segment(
     file: &glommio::io::BufferedFile,
     path: &std::path::Path,
 ) -> Result<(), StorageError> {
+    use std::os::fd::AsRawFd;
     check(path)?;
+    let what = || format!("fdatasync of {}", path.display());
     file.fdatasync().await.map_err(|e| {
-        record(&format!("fdatasync of {}", path.display()), &e.to_string());
+        record(&what(), &e.to_string());
+        StorageError::io("fsyncing segment", path, e)
+    })?;
+    still_accepts_changes(file.as_raw_fd()).map_err(|e| {
+        record(&what(), &e);
         StorageError::io("fsyncing segment", path, e)
     })
+}
+
+/// After a sync returned success: `Err` if the filesystem under `fd` no longer accepts changes.
+///
+/// Why: when ext4's own background journal commit fails (a failing disk, a thin-provisioned
+/// volume whose pool ran out) it aborts the journal, and a later `syncfs` or `fdatasync` can
+/// return success at once without writing anything — no transaction is left to wait for, and
+/// the abort sets no write-back error — while the page cache still holds appends that never
+/// reached the disk. Measured on a loop-mounted ext4 whose backing tmpfs filled up
+/// (tests/test_full_disk.py): in about half the runs the next `syncfs` returned 0 and one
+/// produce request, 242 acknowledged records, was lost. ext4 marks itself read-only only later
+/// (from a work item), and a change of times does not report the abort (the inode is dirtied
+/// without an error path). `fallocate` over bytes the file already has starts a journal handle
+/// and so fails on an aborted journal, and otherwise changes nothing: it is the probe. A file
+/// system without `fallocate` (FUSE, some NFS servers) cannot be probed this way and is taken
+/// at its word. The abort is sticky, so an abort before the probe is always seen; one after
+/// it happened after the sync's own commit, which then covered the data.
+pub(crate) fn still_accepts_changes(fd: std::os::fd::RawFd) -> Result<(), String> {
+    // SAFETY: fallocate with KEEP_SIZE over [0, 1) of an open descriptor changes no data and
+    // no size.
+    if unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 1) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::EOPNOTSUPP | libc::EBADF | libc::ENODEV | libc::EISDIR)
+        ) {
+            return Ok(());
+        }
+        return Err(format!(
+            "the sync returned, but the filesystem then refused a change ({e}): the kernel stops \
+             a filesystem after a failed write (see dmesg)"
+        ));
+    }
+    Ok(())
 }
 
 /// The error an append or a durability wait gets once storage has failed.
