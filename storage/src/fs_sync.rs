@@ -68,6 +68,7 @@ struct Group {
     dir: RefCell<Option<Arc<std::fs::File>>>,
     /// `__meta/sync-probe` in the data directory: after each `syncfs` a no-op change to it
     /// shows whether the filesystem still accepts changes (`sync_failure::still_accepts_changes`).
+    /// None where the directory has no `__meta` (a bare log directory in the engine's tests).
     probe: RefCell<Option<Arc<std::fs::File>>>,
 }
 
@@ -93,15 +94,20 @@ pub(crate) async fn sync_filesystem(dir: &Path) -> Result<(), StorageError> {
         let root = dir.ancestors().nth(2).unwrap_or(dir);
         let file = std::fs::File::open(root)
             .map_err(|e| StorageError::io("opening the data directory for syncfs", root, e))?;
-        let probe_path = root.join("__meta").join("sync-probe");
-        let probe = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&probe_path)
-            .map_err(|e| StorageError::io("opening the sync probe", &probe_path, e))?;
+        // A broker's data directory always has `__meta` (the catalog); a bare log directory
+        // (the engine's own tests) goes unprobed.
+        let meta = root.join("__meta");
+        if meta.is_dir() {
+            let probe_path = meta.join("sync-probe");
+            let probe = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&probe_path)
+                .map_err(|e| StorageError::io("opening the sync probe", &probe_path, e))?;
+            *group.probe.borrow_mut() = Some(Arc::new(probe));
+        }
         *group.dir.borrow_mut() = Some(Arc::new(file));
-        *group.probe.borrow_mut() = Some(Arc::new(probe));
     }
     let (tx, rx) = futures::channel::oneshot::channel();
     group
@@ -130,17 +136,15 @@ async fn drive(group: Rc<Group>) {
             .borrow()
             .clone()
             .expect("opened before the first waiter");
-        let probe = group
-            .probe
-            .borrow()
-            .clone()
-            .expect("opened with the directory");
+        let probe = group.probe.borrow().clone();
         let started = std::time::Instant::now();
         let result = glommio::executor()
             .spawn_blocking(move || {
                 // SAFETY: syncfs only reads the descriptor, which `dir` keeps open.
                 if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
-                    crate::sync_failure::still_accepts_changes(probe.as_raw_fd())
+                    probe.map_or(Ok(()), |p| {
+                        crate::sync_failure::still_accepts_changes(p.as_raw_fd())
+                    })
                 } else {
                     Err(std::io::Error::last_os_error().to_string())
                 }

@@ -6,7 +6,7 @@ impl PartitionLog {
     /// Returns once every offset below `end_offset` is durable. One fdatasync serves all waiters
     /// whose writes completed before it started (group commit).
     pub async fn wait_durable(self: &Rc<Self>, end_offset: i64) -> Result<(), StorageError> {
-        let rx = {
+        let (rx, start) = {
             let mut fl = self.flush.borrow_mut();
             if fl.durable_end >= end_offset {
                 return Ok(());
@@ -14,13 +14,16 @@ impl PartitionLog {
             crate::sync_failure::check(&self.dir)?;
             let (tx, rx) = futures::channel::oneshot::channel();
             fl.waiters.push((end_offset, tx));
-            if !fl.syncing {
-                fl.syncing = true;
-                let me = self.clone();
-                glommio::spawn_local(async move { me.sync_loop().await }).detach();
-            }
-            rx
+            let start = !fl.syncing;
+            fl.syncing = true;
+            (rx, start)
         };
+        if start {
+            // Spawned with `flush` released: glommio may poll the new task at once, and a
+            // sync that fails before its first await would find `flush` still borrowed.
+            let me = self.clone();
+            glommio::spawn_local(async move { me.sync_loop().await }).detach();
+        }
         // Watchdog: a hung fsync fails the requests waiting on it (the client retries or
         // reports KAFKA_STORAGE_ERROR) instead of holding them forever. The fsync itself keeps
         // running; later waiters are served when it returns.
