@@ -74,7 +74,8 @@ def main() -> None:
                     help="kaas-bench producers (each with its own connection and 5 requests in flight)")
     ap.add_argument("--sync-scope", default="filesystem", choices=("filesystem", "file"))
     ap.add_argument("--workdir", help="on the filesystem to measure (default: a new directory "
-                    "under $TMPDIR)")
+                    "under $TMPDIR, which must then be on that disk: on a tmpfs the raw "
+                    "figure means nothing)")
     ap.add_argument("--kaas-bin", default=os.environ.get(
         "KAAS_BIN", str(HOME / ".cache/kaas-target/release/kaas")))
     ap.add_argument("--bench-bin", default=os.environ.get(

@@ -259,9 +259,9 @@ def test_a_thin_volume_running_out_stops_acks_and_loses_nothing_acknowledged(tmp
     nothing more, `/healthz` says so, and after the pool is grown and the volume checked and
     mounted again, every acknowledged record is there, in order, once.
 
-    Before the sync probe (storage/src/sync_failure.rs, `still_accepts_changes`), about half
-    the runs lost one produce request, 242 acknowledged records: ext4's own background commit
-    had failed and aborted the journal, and kaas's next `syncfs` returned 0 without writing."""
+    Before the sync probe (storage/src/sync_failure.rs, `probe_accepts_changes`), 18 of 40
+    runs lost one produce request, 242 acknowledged records: ext4's own background commit had
+    failed and aborted the journal, and kaas's next `syncfs` returned 0 without writing."""
     for tool in ("mount", "mkfs.ext4", "e2fsck"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed")
@@ -293,11 +293,9 @@ def test_a_thin_volume_running_out_stops_acks_and_loses_nothing_acknowledged(tmp
         h = health_any(b)
         print(f"{len(acked)} records acknowledged before the pool ran out; errors {errors}; "
               f"/healthz {h['status']}: {h['storage'].get('sync_failed')}")
-        if "kaas_storage::sync_failure" in b.log_text() or h["storage"].get("sync_failed"):
-            assert h["status"] == "failed" and "restart the broker" in h["storage"]["sync_failed"], h
-        # Otherwise the kernel's own write-back hit the full pool first: ext4 aborted its
-        # journal and went read-only, and the appends after it failed (EROFS) before any sync
-        # of kaas's did. What matters is the same either way, below.
+        # A failed syncfs, a sync followed by a refused probe, or an append refused with
+        # EROFS/EIO: each stops the broker's writes, and /healthz says so.
+        assert h["status"] == "failed" and "restart the broker" in h["storage"]["sync_failed"], h
         b.kill()
 
         # The operator grows the pool, checks the filesystem and mounts it again.
@@ -309,8 +307,17 @@ def test_a_thin_volume_running_out_stops_acks_and_loses_nothing_acknowledged(tmp
         subprocess.run(["mount", "-o", "loop", str(image), str(where)], check=True)
         mounted.insert(0, where)
         b.start()
-        records, ends = rdkafka_read_all(b.bootstrap, topic, 2, timeout=120)
-        verify_log(acked, records, label="after the thin pool ran out")
+        records, _ = rdkafka_read_all(b.bootstrap, topic, 2, timeout=120)
+        # A refused batch may or may not have reached the disk (Kafka promises nothing for
+        # it), so the check is over what was acknowledged: each at its offset, once, no gap.
+        stored = {(p, off): value for p, off, _key, value in records}
+        lost = {v: pos for v, pos in acked.items() if stored.get(pos) != v}
+        assert not lost, (f"{len(lost)} of {len(acked)} acknowledged records lost after the thin "
+                          f"pool ran out, e.g. {sorted(lost.items(), key=lambda kv: kv[1])[:3]}")
+        assert len(set(stored.values())) == len(stored), "a record is stored twice"
+        for part in (0, 1):
+            offs = sorted(off for p, off in stored if p == part)
+            assert offs == list(range(len(offs))), f"partition {part} has a gap"
         assert health_any(b)["status"] == "ok"
     finally:
         b.close()

@@ -98,14 +98,12 @@ pub(crate) async fn sync_filesystem(dir: &Path) -> Result<(), StorageError> {
         // (the engine's own tests) goes unprobed.
         let meta = root.join("__meta");
         if meta.is_dir() {
-            let probe_path = meta.join("sync-probe");
-            let probe = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&probe_path)
-                .map_err(|e| StorageError::io("opening the sync probe", &probe_path, e))?;
-            *group.probe.borrow_mut() = Some(Arc::new(probe));
+            match open_probe(&meta.join("sync-probe")) {
+                Ok(probe) => *group.probe.borrow_mut() = Some(Arc::new(probe)),
+                Err(e) => tracing::warn!(path = %meta.join("sync-probe").display(), error = %e,
+                    "cannot create the sync probe; a journal abort that syncfs does not report \
+                     would go unnoticed until the filesystem turns read-only"),
+            }
         }
         *group.dir.borrow_mut() = Some(Arc::new(file));
     }
@@ -120,6 +118,22 @@ pub(crate) async fn sync_filesystem(dir: &Path) -> Result<(), StorageError> {
     rx.await
         .unwrap_or_else(|_| Err("the sync task stopped".to_string()))
         .map_err(|e| StorageError::io("syncfs", dir, e))
+}
+
+/// Opens the probe file, writing and syncing its first 4 KiB once so that probing it never
+/// allocates (see `sync_failure::probe_accepts_changes`).
+fn open_probe(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    if f.metadata()?.len() < 4096 {
+        f.write_all(&[0u8; 4096])?;
+        f.sync_all()?;
+    }
+    Ok(f)
 }
 
 /// Runs `syncfs` calls back to back while anyone waits.
@@ -142,8 +156,9 @@ async fn drive(group: Rc<Group>) {
             .spawn_blocking(move || {
                 // SAFETY: syncfs only reads the descriptor, which `dir` keeps open.
                 if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+                    crate::sync_failure::still_writable(dir.as_raw_fd())?;
                     probe.map_or(Ok(()), |p| {
-                        crate::sync_failure::still_accepts_changes(p.as_raw_fd())
+                        crate::sync_failure::probe_accepts_changes(p.as_raw_fd())
                     })
                 } else {
                     Err(std::io::Error::last_os_error().to_string())

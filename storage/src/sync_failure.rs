@@ -61,44 +61,86 @@ pub(crate) async fn fdatasync_segment(
         record(&what(), &e.to_string());
         StorageError::io("fsyncing segment", path, e)
     })?;
-    still_accepts_changes(file.as_raw_fd()).map_err(|e| {
+    still_writable(file.as_raw_fd()).map_err(|e| {
         record(&what(), &e);
         StorageError::io("fsyncing segment", path, e)
     })
 }
 
-/// After a sync returned success: `Err` if the filesystem under `fd` no longer accepts changes.
+/// After a sync returned success: `Err` if the filesystem under `fd` is read-only now.
 ///
-/// Why: when ext4's own background journal commit fails (a failing disk, a thin-provisioned
-/// volume whose pool ran out) it aborts the journal, and a later `syncfs` or `fdatasync` can
-/// return success at once without writing anything — no transaction is left to wait for, and
-/// the abort sets no write-back error — while the page cache still holds appends that never
-/// reached the disk. Measured on a loop-mounted ext4 whose backing tmpfs filled up
-/// (tests/test_full_disk.py): in about half the runs the next `syncfs` returned 0 and one
-/// produce request, 242 acknowledged records, was lost. ext4 marks itself read-only only later
-/// (from a work item), and a change of times does not report the abort (the inode is dirtied
-/// without an error path). `fallocate` over bytes the file already has starts a journal handle
-/// and so fails on an aborted journal, and otherwise changes nothing: it is the probe. A file
-/// system without `fallocate` (FUSE, some NFS servers) cannot be probed this way and is taken
-/// at its word. The abort is sticky, so an abort before the probe is always seen; one after
-/// it happened after the sync's own commit, which then covered the data.
-pub(crate) fn still_accepts_changes(fd: std::os::fd::RawFd) -> Result<(), String> {
-    // SAFETY: fallocate with KEEP_SIZE over [0, 1) of an open descriptor changes no data and
-    // no size.
-    if unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 1) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if matches!(
-            e.raw_os_error(),
-            Some(libc::EOPNOTSUPP | libc::EBADF | libc::ENODEV | libc::EISDIR)
-        ) {
-            return Ok(());
-        }
-        return Err(format!(
-            "the sync returned, but the filesystem then refused a change ({e}): the kernel stops \
-             a filesystem after a failed write (see dmesg)"
-        ));
+/// Why: ext4 remounts itself read-only after a failed write (errors=remount-ro, or an aborted
+/// journal), and on a read-only ext4 both `fdatasync` and `syncfs` return 0 at once, without
+/// writing the dirty pages that appends left in the page cache. Reading the mount flags costs
+/// no IO and takes no inode lock, so it runs on the shard's thread after every fdatasync.
+pub(crate) fn still_writable(fd: std::os::fd::RawFd) -> Result<(), String> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: fstatvfs fills a statvfs for an open descriptor and touches nothing else.
+    if unsafe { libc::fstatvfs(fd, st.as_mut_ptr()) } != 0 {
+        // Not a verdict on the data: the sync itself succeeded.
+        return Ok(());
+    }
+    // SAFETY: fstatvfs returned 0, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    if st.f_flag & libc::ST_RDONLY != 0 {
+        return Err(
+            "the sync returned, but the filesystem is read-only now: the kernel \
+                    remounts it so after a failed write (see dmesg)"
+                .to_string(),
+        );
     }
     Ok(())
+}
+
+/// After a `syncfs` returned success: `Err` if the filesystem no longer accepts changes, asked
+/// through `probe` (`__meta/sync-probe`, whose first 4 KiB are written and synced when it is
+/// created, see `fs_sync`).
+///
+/// Why: when ext4's own background journal commit fails (a failing disk, a thin-provisioned
+/// volume whose pool ran out) it aborts the journal, and a later `syncfs` returns 0 at once —
+/// no transaction is left to wait for, and the abort sets no write-back error — while the
+/// page cache still holds appends that never reached the disk; the read-only flag follows
+/// only later, from a work item. Measured on a loop-mounted ext4 whose backing tmpfs filled up
+/// (tests/test_full_disk.py): in 18 of 40 runs the next `syncfs` returned 0 and one produce
+/// request, 242 acknowledged records, was lost. A change of times does not report the abort
+/// (the inode is dirtied without an error path), but `fallocate` over blocks the file already
+/// has starts a journal handle, so it fails on an aborted journal; otherwise it allocates
+/// nothing (it does update the probe's times). The abort is sticky, so one before the probe is
+/// always seen; one after it came after the sync's own commit, which then covered the data.
+/// Only EIO, EROFS and EUCLEAN (corruption) count as failures; a filesystem without
+/// `fallocate` cannot be probed, which is said once.
+pub(crate) fn probe_accepts_changes(probe: std::os::fd::RawFd) -> Result<(), String> {
+    // SAFETY: fallocate with KEEP_SIZE over the probe's allocated first block changes no data
+    // and no size.
+    if unsafe { libc::fallocate(probe, libc::FALLOC_FL_KEEP_SIZE, 0, 4096) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EIO | libc::EROFS | libc::EUCLEAN) => Err(format!(
+            "the sync returned, but the filesystem then refused a change ({e}): the kernel stops \
+             a filesystem after a failed write (see dmesg)"
+        )),
+        _ => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(error = %e, "the data filesystem cannot be probed after a syncfs \
+                    (fallocate refused); a journal abort that syncfs does not report would go \
+                    unnoticed until the filesystem turns read-only");
+            });
+            Ok(())
+        }
+    }
+}
+
+/// A write to a segment failed with `e`: EIO and EROFS mean the filesystem failed (not that it
+/// is full, which the free-space floor handles and which passes), so they are recorded as a
+/// failed sync would be — the page cache may hold earlier appends that will never reach the
+/// disk.
+pub(crate) fn note_write_error(path: &std::path::Path, e: &std::io::Error) {
+    if matches!(e.raw_os_error(), Some(libc::EIO | libc::EROFS)) {
+        record(&format!("writing {}", path.display()), &e.to_string());
+    }
 }
 
 /// The error an append or a durability wait gets once storage has failed.

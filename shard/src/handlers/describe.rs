@@ -141,11 +141,13 @@ const TRANSACTION_STATES: &[&str] = &[
 /// unknown state names are listed back, and a transactional-id pattern (v2) that is not a
 /// regular expression is INVALID_REGULAR_EXPRESSION.
 pub fn list_transactions(req: ListTransactionsRequest) -> ListTransactionsResponse {
-    let unknown = req
-        .state_filters
-        .into_iter()
-        .filter(|s| !TRANSACTION_STATES.contains(&s.as_str()))
-        .collect();
+    // Kafka reads the filters as a set: an unknown name repeated is listed back once.
+    let mut unknown: Vec<StrBytes> = Vec::new();
+    for s in req.state_filters {
+        if !TRANSACTION_STATES.contains(&s.as_str()) && !unknown.contains(&s) {
+            unknown.push(s);
+        }
+    }
     let resp = ListTransactionsResponse::default()
         .with_unknown_state_filters(unknown)
         .with_transaction_states(Vec::new());

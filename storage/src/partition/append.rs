@@ -112,8 +112,10 @@ impl PartitionLog {
             && total <= INLINE_WRITE_MAX_BYTES
             && headers.len() <= INLINE_WRITE_MAX_BATCHES
         {
-            write_inline(&file, records, &entries, current, position)
-                .map_err(|e| StorageError::io("writing segment", &path, e))?
+            write_inline(&file, records, &entries, current, position).map_err(|e| {
+                crate::sync_failure::note_write_error(&path, &e);
+                StorageError::io("writing segment", &path, e)
+            })?
         } else {
             // Large appends, and LogAppendTime (which rewrites CRC-covered bytes), go through a
             // copy handed to io_uring.
@@ -126,9 +128,11 @@ impl PartitionLog {
                     batch::set_log_append_time(&mut buf[from..from + e.len as usize], now);
                 }
             }
-            file.write_at(buf, position)
-                .await
-                .map_err(|e| StorageError::io("writing segment", &path, e))?
+            file.write_at(buf, position).await.map_err(|e| {
+                let e = std::io::Error::from(e);
+                crate::sync_failure::note_write_error(&path, &e);
+                StorageError::io("writing segment", &path, e)
+            })?
         };
         if written != total {
             // A short write (disk full): cut the partial bytes so the file holds whole batches.

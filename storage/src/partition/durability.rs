@@ -19,8 +19,8 @@ impl PartitionLog {
             (rx, start)
         };
         if start {
-            // Spawned with `flush` released: glommio may poll the new task at once, and a
-            // sync that fails before its first await would find `flush` still borrowed.
+            // Spawned with `flush` released: glommio polls a new task at once, and a sync
+            // that fails before its first await would find `flush` still borrowed.
             let me = self.clone();
             glommio::spawn_local(async move { me.sync_loop().await }).detach();
         }

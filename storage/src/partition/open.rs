@@ -14,6 +14,9 @@ impl PartitionLog {
         config: LogConfig,
         epoch: LeaderEpoch,
     ) -> Result<Rc<PartitionLog>, StorageError> {
+        // After a failed sync the page cache may hold batches that never reached the disk, and
+        // recovery would read them back as valid: nothing is opened until a restart.
+        crate::sync_failure::check(&dir)?;
         // Durably: the topic's and the partition's directory entries are fsynced into their
         // parents, or a power cut can take every fsynced segment inside with them.
         kaas_durable::create_dir_all(&dir)
