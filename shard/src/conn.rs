@@ -12,6 +12,11 @@
 //! the writer awaits those tasks in arrival order. At most [`MAX_IN_FLIGHT`] requests per
 //! connection are in progress; beyond that the reader waits.
 //!
+//! Record sets that are slices of a segment mapping (`kaas_storage::resident::with_file_backing`)
+//! are written with `sendfile`, so the kernel hands page-cache pages to the socket and the
+//! broker copies nothing; everything else is written from memory. The socket is non-blocking
+//! so that `sendfile` on a full socket returns instead of stopping the shard.
+//!
 //! What a connection may hold is bounded ([`crate::admission`]): a request body's memory is
 //! reserved from the broker-wide budget as its bytes arrive, and the reader stops reading while
 //! the budget is exhausted. A connection with no request for `connections.max.idle.ms` is
@@ -19,8 +24,9 @@
 //! within `--request-progress-timeout-ms`) — a client that declares a large frame and trickles
 //! it cannot keep a connection and its memory forever.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,6 +61,11 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
         .map_or_else(|| "/unknown".into(), |a| format!("/{}", a.ip()))
         .into();
     let _ = stream.set_nodelay(true);
+    let socket = stream.as_raw_fd();
+    // Non-blocking, so that `sendfile` returns when the socket is full instead of stopping the
+    // shard. glommio's own reads and writes are `recv`/`send` with MSG_DONTWAIT and io_uring
+    // polls for readiness, which the flag does not change.
+    let zero_copy = set_nonblocking(socket);
     shard.probe.connections_open.fetch_add(1, Ordering::Relaxed);
     shard
         .probe
@@ -76,7 +87,12 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                     .bytes_out
                     .fetch_add(frame.len() as u64, Ordering::Relaxed);
                 for chunk in &frame.chunks {
-                    if writer.write_all(chunk).await.is_err() {
+                    let sent = if zero_copy && sendfile_worth(chunk) {
+                        send_file(&mut writer, socket, chunk).await
+                    } else {
+                        writer.write_all(chunk).await
+                    };
+                    if sent.is_err() {
                         broken = true;
                         break;
                     }
@@ -94,6 +110,85 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     drop(tx);
     writer_task.await;
     shard.probe.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Chunks at least this large that are slices of a segment mapping go to the socket with
+/// `sendfile` (the kernel hands the page-cache pages to the socket; nothing is copied). Record
+/// sets are their own chunks from `kaas_wire::fetch_frame::ZERO_COPY_MIN_BYTES` (8 KiB) up.
+const SENDFILE_MIN_BYTES: usize = 8 * 1024;
+
+/// When the socket is full, this much of a file-backed chunk is written through glommio (a
+/// copy) to wait for room: glommio has no public wait for write readiness, and its write polls
+/// for it. A full socket frees at least a third of its buffer before waking a writer, so the
+/// copy is a small fraction of what is sent.
+const READINESS_WRITE_BYTES: usize = 4 * 1024;
+
+/// Set once `sendfile` failed as unsupported by the data directory's file system.
+static SENDFILE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+fn sendfile_worth(chunk: &Bytes) -> bool {
+    chunk.len() >= SENDFILE_MIN_BYTES && !SENDFILE_UNSUPPORTED.load(Ordering::Relaxed)
+}
+
+/// Sets O_NONBLOCK on the socket; false (and responses are copied) if that fails.
+fn set_nonblocking(socket: RawFd) -> bool {
+    // SAFETY: fcntl on a descriptor this connection owns, with integer arguments.
+    unsafe {
+        let flags = libc::fcntl(socket, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(socket, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+    }
+}
+
+/// Sends `chunk` with `sendfile` from the segment file it is a mapped slice of, and copies
+/// what cannot go that way: a chunk that is not such a slice, or the rest of one whose segment
+/// let go of its file meanwhile (`kaas_storage::resident::with_file_backing`).
+async fn send_file(
+    writer: &mut (impl AsyncWriteExt + Unpin),
+    socket: RawFd,
+    chunk: &Bytes,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < chunk.len() {
+        let sent = kaas_storage::resident::with_file_backing(chunk, |file, offset| {
+            let mut at = (offset + done as u64) as libc::off_t;
+            // SAFETY: the socket is this connection's; `file` is open while this closure runs
+            // (`with_file_backing`); `at` is a valid off_t the call updates.
+            let n = unsafe { libc::sendfile(socket, file, &mut at, chunk.len() - done) };
+            // errno is read here, before the lock is released.
+            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+        });
+        let e = match sent {
+            None => return writer.write_all(&chunk[done..]).await,
+            Some(Ok(0)) => {
+                // The file ends before the mapping said it does: it was truncated under a
+                // reader, which kaas never does. The frame cannot be completed.
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            Some(Ok(n)) => {
+                done += n;
+                continue;
+            }
+            Some(Err(e)) => e,
+        };
+        match e.raw_os_error() {
+            Some(libc::EINTR) => {}
+            Some(libc::EAGAIN) => {
+                let step = (chunk.len() - done).min(READINESS_WRITE_BYTES);
+                writer.write_all(&chunk[done..done + step]).await?;
+                done += step;
+            }
+            // A file system that cannot splice its pages (sendfile needs `splice_read`): the
+            // rest, and every later chunk, is copied from the mapping instead.
+            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
+                if !SENDFILE_UNSUPPORTED.swap(true, Ordering::Relaxed) {
+                    tracing::info!(error = %e, "sendfile from the data directory is not supported; fetch responses are copied from the segment mappings instead");
+                }
+                return writer.write_all(&chunk[done..]).await;
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// A request's outcome, as the writer gets it: the response to send (none for acks=0) and,

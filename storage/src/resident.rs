@@ -19,11 +19,27 @@
 //!
 //! One [`Ranges`] per shard thread: nothing here is shared between threads. The bookkeeping is
 //! pure ([`Ranges::record`] says what to release) and tested apart from the `madvise`.
+//!
+//! Each mapping is also listed, by address, in a process-wide table with the descriptor of the
+//! segment file it maps, so that the connection writing a response can hand a slice of it to
+//! the socket with `sendfile` instead of copying it out of the mapping ([`with_file_backing`]).
+//! Most of what a fetch sends then never enters this process's page tables; what still does
+//! (the batch headers a read walks, record sets too small for `sendfile`) is what the budget
+//! above bounds. The descriptor is the segment's own (no descriptor is added per mapping: the
+//! shard's open-file budget counts segments), so a slice can outlive it — a response still
+//! being written when retention deletes the segment or an idle log is closed. Each segment
+//! therefore shares a [`SendableFd`] with its mappings' entries: `Some(fd)` while the segment
+//! holds the file open, set to `None` under the write lock before it lets go ([`revoke`]), and
+//! read-locked around each `sendfile`; a slice whose segment is gone is copied from the mapping,
+//! which stays valid. The table is shared between threads because a slice may be written by
+//! another shard than the one that mapped it (a fetch of partitions owned elsewhere).
+//! Measured in bench/README.md ("Consume with sendfile").
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::RawFd;
 use std::path::Path;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use bytes::Bytes;
 use memmap2::Mmap;
@@ -40,7 +56,8 @@ pub const BUDGET_BYTES: usize = 128 << 20;
 const MAX_RANGE_BYTES: usize = 8 << 20;
 
 /// The owner of a segment mapping inside `Bytes` (zero-copy slices keep it alive); the segment
-/// keeps a `Weak` to it, so releasing never extends a mapping's life.
+/// keeps a `Weak` to it, so releasing never extends a mapping's life. Listed in [`MAPPINGS`]
+/// for as long as it lives.
 struct MapOwner(Arc<Mmap>);
 
 impl AsRef<[u8]> for MapOwner {
@@ -49,13 +66,70 @@ impl AsRef<[u8]> for MapOwner {
     }
 }
 
+impl Drop for MapOwner {
+    fn drop(&mut self) {
+        // Unlisted before the mapping can be unmapped (the field drops after this), so no
+        // lookup can find an address that a new mapping reuses.
+        if !self.0.is_empty() {
+            lock_mappings().remove(&(self.0.as_ptr() as usize));
+        }
+    }
+}
+
+/// A segment file's descriptor as `sendfile` may use it: `Some` while the segment holds the
+/// file open. Shared by the segment and its mappings' [`MAPPINGS`] entries.
+pub type SendableFd = Arc<RwLock<Option<RawFd>>>;
+
+/// A new [`SendableFd`] for a segment whose file is open as `fd`.
+pub fn sendable(fd: RawFd) -> SendableFd {
+    Arc::new(RwLock::new(Some(fd)))
+}
+
+/// Called by a segment before its file can be closed (dropped, or replaced by a cleaned
+/// copy): waits for a `sendfile` from it running on another thread, and stops later ones.
+pub fn revoke(fd: &SendableFd) {
+    *fd.write().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+/// Every live segment mapping: start address → (length, the segment's descriptor).
+static MAPPINGS: Mutex<BTreeMap<usize, (usize, SendableFd)>> = Mutex::new(BTreeMap::new());
+
+fn lock_mappings() -> std::sync::MutexGuard<'static, BTreeMap<usize, (usize, SendableFd)>> {
+    // The table is consistent after any panic (each operation is one insert or remove).
+    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// When `bytes` are a slice of a segment mapping made by [`map_file`] and the segment still
+/// holds its file open, runs `f(fd, offset)`, where the file's bytes `[offset, offset + len)`
+/// are `bytes`, with the descriptor guaranteed open until `f` returns. `None` otherwise (the
+/// caller copies `bytes`, which are valid either way). `f` must not block on anything but the
+/// system call it makes: a segment being dropped on another thread waits for it.
+pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> Option<R> {
+    let addr = bytes.as_ptr() as usize;
+    let (offset, sendable) = {
+        let table = lock_mappings();
+        let (&start, (len, sendable)) = table.range(..=addr).next_back()?;
+        if addr + bytes.len() > start + len {
+            return None;
+        }
+        ((addr - start) as u64, sendable.clone())
+    };
+    let fd = sendable.read().unwrap_or_else(|e| e.into_inner());
+    fd.map(|fd| f(fd, offset))
+}
+
 /// A read-only shared mapping of the first `len` bytes of `path`, as zero-copy `Bytes`, and
 /// the handle [`touched`] takes.
 ///
 /// # Safety
 /// The caller guarantees that the first `len` bytes of the file are not modified or truncated
 /// while the mapping lives (see the module docs).
-pub(crate) unsafe fn map_file(path: &Path, len: u64) -> Result<(Bytes, Weak<Mmap>), StorageError> {
+/// `fd` is the segment's descriptor of the same file, for [`with_file_backing`].
+pub(crate) unsafe fn map_file(
+    path: &Path,
+    len: u64,
+    fd: &SendableFd,
+) -> Result<(Bytes, Weak<Mmap>), StorageError> {
     let file = std::fs::File::open(path)
         .map_err(|e| StorageError::io("opening segment for mapping", path, e))?;
     // SAFETY: forwarded to the caller.
@@ -63,6 +137,9 @@ pub(crate) unsafe fn map_file(path: &Path, len: u64) -> Result<(Bytes, Weak<Mmap
         .map_err(|e| StorageError::io("mapping segment", path, e))?;
     let map = Arc::new(map);
     let handle = Arc::downgrade(&map);
+    if !map.is_empty() {
+        lock_mappings().insert(map.as_ptr() as usize, (map.len(), fd.clone()));
+    }
     Ok((Bytes::from_owner(MapOwner(map)), handle))
 }
 
@@ -127,18 +204,10 @@ pub fn set_budget(bytes: usize) {
 /// Records a read of `[from, to)` of the mapping behind `map`, releasing the oldest ranges
 /// past this thread's budget. A range whose mapping is gone needs no release.
 pub(crate) fn touched(map: &Weak<Mmap>, from: usize, to: usize) {
-    // The range is about to be written to a socket from this thread, which a page fault would
-    // block for a disk read: ask for the pages not in the page cache now, so their reads run
-    // while the response is assembled and earlier ones are sent. MADV_WILLNEED does not wait
-    // for the reads, though starting them can (page allocation, a full device queue), and the
-    // kernel starts at most its read-ahead window per call: the rest of a large range is read
-    // by the faults and the sequential read-ahead. Measured in bench/README.md.
-    if let Some(m) = map.upgrade() {
-        let len = to.min(m.len()).saturating_sub(from);
-        if len > 0 {
-            let _ = m.advise_range(memmap2::Advice::WillNeed, from, len);
-        }
-    }
+    // No read-ahead advice here: a large range goes to the socket with `sendfile`
+    // (`with_file_backing`), which reads through the page cache with the file's own sequential
+    // read-ahead. The MADV_WILLNEED this used to issue for every read cost more than it gained
+    // once the mapping was no longer what the socket copied from (bench/README.md).
     let release = RANGES.with(|r| {
         let (ranges, budget) = &mut *r.borrow_mut();
         ranges.record(map, from, to, *budget)
@@ -200,5 +269,43 @@ mod tests {
         r.record(&wa, 0, MAX_RANGE_BYTES, usize::MAX);
         r.record(&wa, MAX_RANGE_BYTES, MAX_RANGE_BYTES + 1, usize::MAX);
         assert_eq!(r.queue.len(), 2);
+    }
+
+    // Proves: a slice of a mapping is found with the segment's descriptor and the offset that
+    // holds its bytes; memory that is not a mapping is not; a revoked descriptor is not handed
+    // out (the slice is still readable); a dropped mapping is unlisted.
+    #[test]
+    fn slices_of_a_mapping_are_found_with_their_file_and_offset() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("00000000000000000000.log");
+        let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let fd = sendable(file.as_raw_fd());
+        // SAFETY: the file is not modified while mapped.
+        let (map, _handle) = unsafe { map_file(&path, data.len() as u64, &fd) }.unwrap();
+        let slice = map.slice(5000..9000);
+        let (got, offset) = with_file_backing(&slice, |fd, offset| (fd, offset)).unwrap();
+        assert_eq!((got, offset), (file.as_raw_fd(), 5000));
+        let mut read = vec![0; slice.len()];
+        file.read_exact_at(&mut read, offset).unwrap();
+        assert_eq!(&read[..], &slice[..]);
+        assert_eq!(with_file_backing(&map, |_, o| o), Some(0));
+        assert!(
+            with_file_backing(&Bytes::from(data.clone()), |_, o| o).is_none(),
+            "heap bytes"
+        );
+
+        revoke(&fd);
+        assert!(with_file_backing(&slice, |_, o| o).is_none(), "revoked");
+        assert_eq!(&slice[..], &data[5000..9000]);
+        let start = map.as_ptr() as usize;
+        drop((map, slice));
+        assert!(
+            !lock_mappings().contains_key(&start),
+            "unlisted when dropped"
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! Versions before this one wrote `<base>-<epoch>.log`; they are still read, and renamed when
 //! the partition is next opened (`migrate_legacy_names`).
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
 
@@ -99,6 +100,17 @@ pub struct Segment {
     pub map: std::cell::RefCell<Option<(Bytes, Weak<memmap2::Mmap>)>>,
     /// The file's length: data plus zeros written ahead of it (see `PartitionLog::preallocate`).
     pub allocated: std::cell::Cell<u64>,
+    /// `file`'s descriptor as the connections' `sendfile` of mapped slices may use it; revoked
+    /// before `file` can be closed ([`Segment::replace_file`], drop).
+    sendable: resident::SendableFd,
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // `file` may be closed from here on (this was the last handle, or the log's tasks drop
+        // theirs soon): no `sendfile` from it after this returns.
+        resident::revoke(&self.sendable);
+    }
 }
 
 impl Segment {
@@ -135,6 +147,7 @@ impl Segment {
             base_offset,
             epoch,
             path,
+            sendable: resident::sendable(file.as_raw_fd()),
             file: Rc::new(file),
             size: 0,
             index: BatchIndex::new(base_offset, index_interval_bytes),
@@ -261,6 +274,7 @@ impl Segment {
                 base_offset,
                 epoch,
                 path,
+                sendable: resident::sendable(file.as_raw_fd()),
                 file: Rc::new(file),
                 size: valid,
                 index,
@@ -290,6 +304,7 @@ impl Segment {
             base_offset,
             epoch,
             path,
+            sendable: resident::sendable(file.as_raw_fd()),
             file: Rc::new(file),
             size,
             index,
@@ -314,7 +329,7 @@ impl Segment {
         }
         // SAFETY: sealed segments are never modified in place while kaas runs; the mapping is
         // read-only and only the first `size` bytes (whole, verified batches) are ever sliced.
-        let (bytes, handle) = unsafe { resident::map_file(&self.path, self.size)? };
+        let (bytes, handle) = unsafe { resident::map_file(&self.path, self.size, &self.sendable)? };
         *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
     }
@@ -336,9 +351,18 @@ impl Segment {
         }
         // SAFETY: read-only mapping of bytes that exist in the file and are never truncated
         // while mapped (see above); only whole batches below `size` are ever sliced.
-        let (bytes, handle) = unsafe { resident::map_file(&self.path, len)? };
+        let (bytes, handle) = unsafe { resident::map_file(&self.path, len, &self.sendable)? };
         *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
+    }
+
+    /// Replaces the segment's file (a cleaned copy renamed over it): mappings of the old file
+    /// are dropped, and slices of them still in flight are no longer sent from its descriptor.
+    pub fn replace_file(&mut self, file: BufferedFile) {
+        resident::revoke(&self.sendable);
+        self.sendable = resident::sendable(file.as_raw_fd());
+        self.file = Rc::new(file);
+        *self.map.borrow_mut() = None;
     }
 
     /// Reports that a read sliced `[from, to)` of this segment's mapping, so that what reads

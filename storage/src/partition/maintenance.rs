@@ -390,10 +390,9 @@ impl PartitionLog {
         crate::segment::sync_dir(&self.dir)?;
         index::file::save(&path, &index);
         let seg = &mut st.segments[k];
-        seg.file = Rc::new(file);
+        seg.replace_file(file);
         seg.size = len as u64;
         seg.index = index;
-        *seg.map.borrow_mut() = None;
         Ok(true)
     }
 }

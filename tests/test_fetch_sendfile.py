@@ -1,0 +1,157 @@
+"""Fetch responses leave kaas through `sendfile` (issue 16): large record sets go from the page
+cache to the socket without being copied. What a consumer reads must still be exactly what was
+acknowledged, batch for batch and in offset order — also when the consumer reads slowly, so
+that the broker's socket fills in the middle of a record set and the rest waits for room, when
+one response carries partitions that different shards own (a slice mapped by one shard is sent
+by another), and when a read spans sealed segments and the active one.
+
+The check is a raw Fetch v4 client with a 4 KiB receive buffer that sleeps as it reads, and it
+verifies every batch's CRC-32C and every record's value against what the producer sent."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+from kcheck import create_topic, unique_topic
+from kwire import (connect, crc32c, parse_produce_response, produce_request, read_uvarint,
+                   recv_exact, record_batch, request, string)
+
+PARTITIONS = 4
+BATCHES_PER_PARTITION = 40
+RECORDS_PER_BATCH = 64
+VALUE_BYTES = 1000
+FETCH_PARTITION_MAX_BYTES = 4 << 20
+
+
+def value(partition: int, batch: int, record: int) -> bytes:
+    return f"p{partition}-b{batch:04d}-r{record:03d}-".encode().ljust(VALUE_BYTES, b"x")
+
+
+def produce_all(broker, topic: str) -> None:
+    """Every batch acknowledged with acks=all, one request at a time (so offsets are known:
+    batch b of a partition holds offsets b * RECORDS_PER_BATCH onwards)."""
+    s = connect(broker, timeout=30)
+    corr = 0
+    for b in range(BATCHES_PER_PARTITION):
+        for p in range(PARTITIONS):
+            batch = record_batch([(None, value(p, b, r)) for r in range(RECORDS_PER_BATCH)])
+            corr += 1
+            s.sendall(produce_request(7, corr, topic, p, batch, acks=-1))
+            (size,) = struct.unpack(">i", recv_exact(s, 4))
+            got_corr, _, _, err, base = parse_produce_response(7, recv_exact(s, size))
+            assert (got_corr, err) == (corr, 0), (got_corr, err)
+            assert base == b * RECORDS_PER_BATCH, (p, b, base)
+    s.close()
+
+
+def fetch_request(corr: int, topic: str, offsets: dict[int, int]) -> bytes:
+    """Fetch v4: replica -1, wait 500 ms, min 1 byte, max 64 MiB, read_uncommitted."""
+    body = struct.pack(">iiiib", -1, 500, 1, 64 << 20, 0)
+    body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", len(offsets))
+    for p, off in offsets.items():
+        body += struct.pack(">iqi", p, off, FETCH_PARTITION_MAX_BYTES)
+    return request(1, 4, corr, body)
+
+
+def recv_slowly(s: socket.socket, n: int) -> bytes:
+    """Reads n bytes 4 KiB at a time, pausing every 32 KiB, so the broker's socket stays full."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(min(4096, n - len(buf)))
+        assert chunk, f"connection closed after {len(buf)} of {n} bytes"
+        buf += chunk
+        if len(buf) % (32 << 10) < len(chunk):
+            time.sleep(0.001)
+    return bytes(buf)
+
+
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zig-zag varint, as record fields are encoded."""
+    u, pos = read_uvarint(buf, pos)
+    return (u >> 1) ^ -(u & 1), pos
+
+
+def batches(records: bytes):
+    """(base offset, [values]) for each whole batch, after checking its CRC-32C."""
+    pos = 0
+    while pos + 12 <= len(records):
+        base, length = struct.unpack_from(">qi", records, pos)
+        end = pos + 12 + length
+        if end > len(records):
+            return  # a partial batch at the end of a response is allowed; fetched again
+        (crc,) = struct.unpack_from(">I", records, pos + 17)
+        assert crc32c(records[pos + 21:end]) == crc, f"CRC mismatch in the batch at {base}"
+        (count,) = struct.unpack_from(">i", records, pos + 57)
+        rpos, values = pos + 61, []
+        for _ in range(count):
+            _len, rpos = read_varint(records, rpos)
+            rpos += 1                                    # attributes
+            _, rpos = read_varint(records, rpos)         # timestamp delta
+            _, rpos = read_varint(records, rpos)         # offset delta
+            klen, rpos = read_varint(records, rpos)
+            rpos += max(klen, 0)
+            vlen, rpos = read_varint(records, rpos)
+            values.append(records[rpos:rpos + vlen])
+            rpos += vlen
+            _, rpos = read_varint(records, rpos)         # headers (none)
+        assert rpos == end, f"batch at {base} has {end - rpos} bytes after its records"
+        yield base, values
+        pos = end
+
+
+def parse_fetch_v4(frame: bytes) -> dict[int, tuple[int, bytes]]:
+    """partition → (error code, records) of a one-topic Fetch v4 response."""
+    pos = 4 + 4                                          # correlation id, throttle
+    (n_topics,) = struct.unpack_from(">i", frame, pos)
+    assert n_topics == 1
+    (ln,) = struct.unpack_from(">h", frame, pos + 4)
+    pos += 6 + ln
+    (n_parts,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    out = {}
+    for _ in range(n_parts):
+        p, err, _hw, _lso, n_aborted = struct.unpack_from(">ihqqi", frame, pos)
+        pos += 4 + 2 + 8 + 8 + 4 + max(n_aborted, 0) * 16
+        (rlen,) = struct.unpack_from(">i", frame, pos)
+        pos += 4
+        out[p] = (err, frame[pos:pos + max(rlen, 0)])
+        pos += max(rlen, 0)
+    assert pos == len(frame), f"{len(frame) - pos} bytes after the last partition"
+    return out
+
+
+def test_a_slow_consumer_reads_exactly_what_was_acknowledged(broker):
+    topic = unique_topic("sendfile")
+    # 1 MiB segments: each partition's 2.6 MB is two sealed segments and the active one.
+    create_topic(broker.bootstrap, topic, PARTITIONS, {"segment.bytes": str(1 << 20)})
+    produce_all(broker, topic)
+    end = BATCHES_PER_PARTITION * RECORDS_PER_BATCH
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect((broker.host, broker.port))
+    offsets = {p: 0 for p in range(PARTITIONS)}
+    corr, responses = 0, 0
+    deadline = time.monotonic() + 120
+    while any(o < end for o in offsets.values()):
+        assert time.monotonic() < deadline, f"not read back in time: {offsets}"
+        corr += 1
+        s.sendall(fetch_request(corr, topic, {p: o for p, o in offsets.items() if o < end}))
+        (size,) = struct.unpack(">i", recv_exact(s, 4))
+        frame = recv_slowly(s, size)
+        assert struct.unpack_from(">i", frame)[0] == corr
+        responses += 1
+        for p, (err, records) in parse_fetch_v4(frame).items():
+            assert err == 0, (p, err)
+            for base, vals in batches(records):
+                assert base == offsets[p], f"partition {p}: batch at {base}, expected {offsets[p]}"
+                b = base // RECORDS_PER_BATCH
+                assert vals == [value(p, b, r) for r in range(RECORDS_PER_BATCH)], (p, base)
+                offsets[p] = base + len(vals)
+    s.close()
+    assert offsets == {p: end for p in range(PARTITIONS)}
+    # Each response carried several MiB: the slow reads really did wait on a full socket.
+    assert responses < BATCHES_PER_PARTITION, responses
