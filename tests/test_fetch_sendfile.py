@@ -10,6 +10,7 @@ verifies every batch's CRC-32C and every record's value against what the produce
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -155,3 +156,46 @@ def test_a_slow_consumer_reads_exactly_what_was_acknowledged(broker):
     assert offsets == {p: end for p in range(PARTITIONS)}
     # Each response carried several MiB: the slow reads really did wait on a full socket.
     assert responses < BATCHES_PER_PARTITION, responses
+
+
+def test_a_segment_cut_under_a_reader_closes_the_connection(broker_factory):
+    """A segment file that ends before the data the broker knows of (something truncated it:
+    another broker's recovery in cluster mode, or a hand on the volume) cannot complete a
+    response. The broker must close the connection at once, so the client sees the failure
+    and retries, instead of leaving half a frame on a live connection until the client's
+    request timeout (which is what happened before: the writer stopped, the socket stayed
+    open)."""
+    b = broker_factory(shards=1)
+    topic = unique_topic("sendfile-cut")
+    create_topic(b.bootstrap, topic, 1, {"segment.bytes": str(1 << 20)})
+    s = connect(b, timeout=30)
+    for i in range(40):
+        batch = record_batch([(None, value(0, i, r)) for r in range(RECORDS_PER_BATCH)])
+        s.sendall(produce_request(7, i + 1, topic, 0, batch, acks=-1))
+        (size,) = struct.unpack(">i", recv_exact(s, 4))
+        assert parse_produce_response(7, recv_exact(s, size))[3] == 0
+    s.close()
+    segments = sorted(b.data_dir.glob(f"{topic}~*/0/*.log"))
+    assert len(segments) >= 2, segments
+    first = segments[0]
+    os.truncate(first, first.stat().st_size - 100)
+
+    s = connect(b, timeout=15)
+    s.sendall(fetch_request(1, topic, {0: 0}))
+    started = time.monotonic()
+    (size,) = struct.unpack(">i", recv_exact(s, 4))
+    got = 0
+    try:
+        while got < size:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        raise AssertionError(f"the connection stayed open with {got} of {size} bytes of a "
+                             f"response for {time.monotonic() - started:.0f} s")
+    s.close()
+    assert got < size, "a whole response from a segment that was cut short"
+    assert "could not be read from its segment file" in b.log_text()

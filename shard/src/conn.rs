@@ -15,7 +15,8 @@
 //! Record sets that are slices of a segment mapping (`kaas_storage::resident::with_file_backing`)
 //! are written with `sendfile`, so the kernel hands page-cache pages to the socket and the
 //! broker copies nothing; everything else is written from memory. The socket is non-blocking
-//! so that `sendfile` on a full socket returns instead of stopping the shard.
+//! so that `sendfile` on a full socket returns instead of waiting for the client; a page that
+//! is not in the page cache is still read synchronously, on the shard's thread.
 //!
 //! What a connection may hold is bounded ([`crate::admission`]): a request body's memory is
 //! reserved from the broker-wide budget as its bytes arrive, and the reader stops reading while
@@ -62,8 +63,9 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
         .into();
     let _ = stream.set_nodelay(true);
     let socket = stream.as_raw_fd();
-    // Non-blocking, so that `sendfile` returns when the socket is full instead of stopping the
-    // shard. glommio's own reads and writes are `recv`/`send` with MSG_DONTWAIT and io_uring
+    // Non-blocking, so that `sendfile` returns when the socket is full instead of waiting for
+    // the client (it still reads uncached file pages synchronously, as a fault on the mapping
+    // did). glommio's own reads and writes are `recv`/`send` with MSG_DONTWAIT and io_uring
     // polls for readiness, which the flag does not change.
     let zero_copy = set_nonblocking(socket);
     shard.probe.connections_open.fetch_add(1, Ordering::Relaxed);
@@ -92,7 +94,20 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                     } else {
                         writer.write_all(chunk).await
                     };
-                    if sent.is_err() {
+                    if let Err(e) = sent {
+                        // The frame is cut short: nothing more can be sent on this connection.
+                        // Shut it down both ways, so the client sees it close (and retries
+                        // elsewhere) and the reader stops taking requests, rather than leaving
+                        // a half frame on a live connection until the client's timeout.
+                        if matches!(e.kind(), std::io::ErrorKind::UnexpectedEof)
+                            || e.raw_os_error() == Some(libc::EIO)
+                        {
+                            crate::ratelog::limited("sendfile-file-error", |suppressed| {
+                                tracing::warn!(error = %e, suppressed, "a fetch response could not be read from its segment file; closing the connection (check the data volume)");
+                            });
+                        }
+                        // SAFETY: shutdown of this connection's socket, which is open.
+                        unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
                         broken = true;
                         break;
                     }
@@ -160,8 +175,9 @@ async fn send_file(
         let e = match sent {
             None => return writer.write_all(&chunk[done..]).await,
             Some(Ok(0)) => {
-                // The file ends before the mapping said it does: it was truncated under a
-                // reader, which kaas never does. The frame cannot be completed.
+                // The file ends before the slice does: something truncated a segment that this
+                // broker was reading (another broker's recovery cutting a deposed leader's
+                // tail in cluster mode, or a hand on the volume). The frame cannot be completed.
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
             Some(Ok(n)) => {

@@ -24,14 +24,15 @@
 //! segment file it maps, so that the connection writing a response can hand a slice of it to
 //! the socket with `sendfile` instead of copying it out of the mapping ([`with_file_backing`]).
 //! Most of what a fetch sends then never enters this process's page tables; what still does
-//! (the batch headers a read walks, record sets too small for `sendfile`) is what the budget
-//! above bounds. The descriptor is the segment's own (no descriptor is added per mapping: the
+//! (the batch headers a read walks, record sets too small for `sendfile`) stays within the
+//! budget above, which counts every range read. The descriptor is the segment's own (no descriptor is added per mapping: the
 //! shard's open-file budget counts segments), so a slice can outlive it — a response still
 //! being written when retention deletes the segment or an idle log is closed. Each segment
 //! therefore shares a [`SendableFd`] with its mappings' entries: `Some(fd)` while the segment
-//! holds the file open, set to `None` under the write lock before it lets go ([`revoke`]), and
-//! read-locked around each `sendfile`; a slice whose segment is gone is copied from the mapping,
-//! which stays valid. The table is shared between threads because a slice may be written by
+//! holds the file open, read-locked around each `sendfile`, and set to `None` before the
+//! segment lets go ([`revoke`]; when a send on another thread holds the lock, the file is kept
+//! open until it ends instead of waiting for it); a slice whose segment is gone is copied from
+//! the mapping, which stays valid. The table is shared between threads because a slice may be written by
 //! another shard than the one that mapped it (a fetch of partitions owned elsewhere).
 //! Measured in bench/README.md ("Consume with sendfile").
 
@@ -85,10 +86,35 @@ pub fn sendable(fd: RawFd) -> SendableFd {
     Arc::new(RwLock::new(Some(fd)))
 }
 
+thread_local! {
+    /// Revocations that found a `sendfile` from the descriptor running on another thread, each
+    /// with what keeps that descriptor open until the revocation completes.
+    static PENDING: RefCell<Vec<(SendableFd, Box<dyn std::any::Any>)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Called by a segment before its file can be closed (dropped, or replaced by a cleaned
-/// copy): waits for a `sendfile` from it running on another thread, and stops later ones.
-pub fn revoke(fd: &SendableFd) {
-    *fd.write().unwrap_or_else(|e| e.into_inner()) = None;
+/// copy), with `keep_open`, a handle that keeps the descriptor open. No `sendfile` starts from
+/// the descriptor afterwards. One running on another thread (it holds the read lock) is not
+/// waited for — it may be reading from disk, and this thread serves other partitions — the
+/// handle is kept instead, and released by a later call on this thread once that send ended.
+pub fn revoke(fd: &SendableFd, keep_open: Box<dyn std::any::Any>) {
+    let _ = PENDING.try_with(|pending| {
+        let mut pending = pending.borrow_mut();
+        pending.retain(|(fd, _)| !try_revoke(fd));
+        if !try_revoke(fd) {
+            pending.push((fd.clone(), keep_open));
+        }
+    });
+}
+
+/// Sets the descriptor to `None` unless a `sendfile` holds the read lock.
+fn try_revoke(fd: &SendableFd) -> bool {
+    match fd.try_write() {
+        Ok(mut g) => *g = None,
+        Err(std::sync::TryLockError::Poisoned(p)) => *p.into_inner() = None,
+        Err(std::sync::TryLockError::WouldBlock) => return false,
+    }
+    true
 }
 
 /// Every live segment mapping: start address → (length, the segment's descriptor).
@@ -102,8 +128,8 @@ fn lock_mappings() -> std::sync::MutexGuard<'static, BTreeMap<usize, (usize, Sen
 /// When `bytes` are a slice of a segment mapping made by [`map_file`] and the segment still
 /// holds its file open, runs `f(fd, offset)`, where the file's bytes `[offset, offset + len)`
 /// are `bytes`, with the descriptor guaranteed open until `f` returns. `None` otherwise (the
-/// caller copies `bytes`, which are valid either way). `f` must not block on anything but the
-/// system call it makes: a segment being dropped on another thread waits for it.
+/// caller copies `bytes`, which are valid either way). `f` should make one system call: while
+/// it runs, the segment's descriptor cannot be released.
 pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> Option<R> {
     let addr = bytes.as_ptr() as usize;
     let (offset, sendable) = {
@@ -118,27 +144,27 @@ pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> O
     fd.map(|fd| f(fd, offset))
 }
 
-/// A read-only shared mapping of the first `len` bytes of `path`, as zero-copy `Bytes`, and
-/// the handle [`touched`] takes.
+/// A read-only shared mapping of the first `len` bytes of the segment file open as `fd`
+/// (`path` names it in errors), as zero-copy `Bytes`, and the handle [`touched`] takes.
+/// Mapped from the segment's own descriptor, so the mapping and `sendable` are the same file
+/// by construction (a path could name a newer file renamed over it).
 ///
 /// # Safety
 /// The caller guarantees that the first `len` bytes of the file are not modified or truncated
-/// while the mapping lives (see the module docs).
-/// `fd` is the segment's descriptor of the same file, for [`with_file_backing`].
+/// while the mapping lives (see the module docs), and that `fd` is open.
 pub(crate) unsafe fn map_file(
     path: &Path,
     len: u64,
-    fd: &SendableFd,
+    fd: RawFd,
+    sendable: &SendableFd,
 ) -> Result<(Bytes, Weak<Mmap>), StorageError> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| StorageError::io("opening segment for mapping", path, e))?;
     // SAFETY: forwarded to the caller.
-    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
         .map_err(|e| StorageError::io("mapping segment", path, e))?;
     let map = Arc::new(map);
     let handle = Arc::downgrade(&map);
     if !map.is_empty() {
-        lock_mappings().insert(map.as_ptr() as usize, (map.len(), fd.clone()));
+        lock_mappings().insert(map.as_ptr() as usize, (map.len(), sendable.clone()));
     }
     Ok((Bytes::from_owner(MapOwner(map)), handle))
 }
@@ -204,10 +230,12 @@ pub fn set_budget(bytes: usize) {
 /// Records a read of `[from, to)` of the mapping behind `map`, releasing the oldest ranges
 /// past this thread's budget. A range whose mapping is gone needs no release.
 pub(crate) fn touched(map: &Weak<Mmap>, from: usize, to: usize) {
-    // No read-ahead advice here: a large range goes to the socket with `sendfile`
+    // No read-ahead advice here: a large range normally goes to the socket with `sendfile`
     // (`with_file_backing`), which reads through the page cache with the file's own sequential
     // read-ahead. The MADV_WILLNEED this used to issue for every read cost more than it gained
-    // once the mapping was no longer what the socket copied from (bench/README.md).
+    // (bench/README.md); the ranges still copied (small ones, revoked ones) fault their pages
+    // in as they did before it. The whole range is recorded, though `sendfile` maps none of
+    // it: releasing ranges that hold no pages is cheap, and a range copied instead is covered.
     let release = RANGES.with(|r| {
         let (ranges, budget) = &mut *r.borrow_mut();
         ranges.record(map, from, to, *budget)
@@ -284,8 +312,9 @@ mod tests {
         std::fs::write(&path, &data).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         let fd = sendable(file.as_raw_fd());
-        // SAFETY: the file is not modified while mapped.
-        let (map, _handle) = unsafe { map_file(&path, data.len() as u64, &fd) }.unwrap();
+        // SAFETY: the file is open and not modified while mapped.
+        let (map, _handle) =
+            unsafe { map_file(&path, data.len() as u64, file.as_raw_fd(), &fd) }.unwrap();
         let slice = map.slice(5000..9000);
         let (got, offset) = with_file_backing(&slice, |fd, offset| (fd, offset)).unwrap();
         assert_eq!((got, offset), (file.as_raw_fd(), 5000));
@@ -298,7 +327,38 @@ mod tests {
             "heap bytes"
         );
 
-        revoke(&fd);
+        // A send in progress on another thread: the revocation keeps the file open instead
+        // of waiting, and completes at this thread's next revocation.
+        let reader = {
+            let fd = fd.clone();
+            let (held, release) = (
+                std::sync::Arc::new(std::sync::Barrier::new(2)),
+                std::sync::Arc::new(std::sync::Barrier::new(2)),
+            );
+            let (h, r) = (held.clone(), release.clone());
+            let t = std::thread::spawn(move || {
+                let _g = fd.read().unwrap();
+                h.wait();
+                r.wait();
+            });
+            held.wait();
+            (t, release)
+        };
+        let kept = std::rc::Rc::new(());
+        revoke(&fd, Box::new(kept.clone()));
+        assert_eq!(
+            std::rc::Rc::strong_count(&kept),
+            2,
+            "kept open while the send runs"
+        );
+        reader.1.wait();
+        reader.0.join().unwrap();
+        revoke(&sendable(-1), Box::new(()));
+        assert_eq!(
+            std::rc::Rc::strong_count(&kept),
+            1,
+            "released once it ended"
+        );
         assert!(with_file_backing(&slice, |_, o| o).is_none(), "revoked");
         assert_eq!(&slice[..], &data[5000..9000]);
         let start = map.as_ptr() as usize;

@@ -89,7 +89,8 @@ pub struct Segment {
     pub base_offset: i64,
     pub epoch: i32,
     pub path: PathBuf,
-    pub file: Rc<BufferedFile>,
+    /// Private: replacing it must revoke `sendable` first ([`Segment::replace_file`]).
+    file: Rc<BufferedFile>,
     /// Bytes of whole, verified batches; the next append goes here.
     pub size: u64,
     pub index: BatchIndex,
@@ -108,8 +109,8 @@ pub struct Segment {
 impl Drop for Segment {
     fn drop(&mut self) {
         // `file` may be closed from here on (this was the last handle, or the log's tasks drop
-        // theirs soon): no `sendfile` from it after this returns.
-        resident::revoke(&self.sendable);
+        // theirs soon): no `sendfile` from it may start after this.
+        resident::revoke(&self.sendable, Box::new(self.file.clone()));
     }
 }
 
@@ -329,7 +330,9 @@ impl Segment {
         }
         // SAFETY: sealed segments are never modified in place while kaas runs; the mapping is
         // read-only and only the first `size` bytes (whole, verified batches) are ever sliced.
-        let (bytes, handle) = unsafe { resident::map_file(&self.path, self.size, &self.sendable)? };
+        let (bytes, handle) = unsafe {
+            resident::map_file(&self.path, self.size, self.file.as_raw_fd(), &self.sendable)?
+        };
         *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
     }
@@ -351,15 +354,21 @@ impl Segment {
         }
         // SAFETY: read-only mapping of bytes that exist in the file and are never truncated
         // while mapped (see above); only whole batches below `size` are ever sliced.
-        let (bytes, handle) = unsafe { resident::map_file(&self.path, len, &self.sendable)? };
+        let (bytes, handle) =
+            unsafe { resident::map_file(&self.path, len, self.file.as_raw_fd(), &self.sendable)? };
         *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
+    }
+
+    /// The segment's open file.
+    pub fn file(&self) -> &Rc<BufferedFile> {
+        &self.file
     }
 
     /// Replaces the segment's file (a cleaned copy renamed over it): mappings of the old file
     /// are dropped, and slices of them still in flight are no longer sent from its descriptor.
     pub fn replace_file(&mut self, file: BufferedFile) {
-        resident::revoke(&self.sendable);
+        resident::revoke(&self.sendable, Box::new(self.file.clone()));
         self.sendable = resident::sendable(file.as_raw_fd());
         self.file = Rc::new(file);
         *self.map.borrow_mut() = None;

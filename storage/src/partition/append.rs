@@ -77,7 +77,7 @@ impl PartitionLog {
             (
                 st.log_end_offset,
                 seg.size,
-                seg.file.clone(),
+                seg.file().clone(),
                 seg.path.clone(),
             )
         };
@@ -280,7 +280,7 @@ impl PartitionLog {
             let st = self.state.borrow();
             let seg = st.segments.last().expect("active segment");
             (
-                seg.file.clone(),
+                seg.file().clone(),
                 seg.path.clone(),
                 seg.size,
                 seg.allocated.get(),
@@ -332,7 +332,7 @@ impl PartitionLog {
             (
                 full || old || epoch_changed,
                 epoch_changed,
-                seg.file.clone(),
+                seg.file().clone(),
                 seg.path.clone(),
                 st.log_end_offset,
                 st.epoch,

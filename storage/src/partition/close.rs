@@ -20,7 +20,7 @@ impl PartitionLog {
         let (file, path) = {
             let st = self.state.borrow();
             let seg = st.segments.last().expect("active segment");
-            (seg.file.clone(), seg.path.clone())
+            (seg.file().clone(), seg.path.clone())
         };
         self.trim_preallocation().await?;
         if !self.dir.exists() {

@@ -95,7 +95,7 @@ impl PartitionLog {
             let (target, file, path) = {
                 let st = self.state.borrow();
                 let seg = st.segments.last().expect("active segment");
-                (st.log_end_offset, seg.file.clone(), seg.path.clone())
+                (st.log_end_offset, seg.file().clone(), seg.path.clone())
             };
             let appended = self.appended_bytes.get();
             let scope = self.config.borrow().sync_scope;
