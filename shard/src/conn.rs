@@ -94,18 +94,11 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                     } else {
                         writer.write_all(chunk).await
                     };
-                    if let Err(e) = sent {
+                    if sent.is_err() {
                         // The frame is cut short: nothing more can be sent on this connection.
                         // Shut it down both ways, so the client sees it close (and retries
                         // elsewhere) and the reader stops taking requests, rather than leaving
                         // a half frame on a live connection until the client's timeout.
-                        if matches!(e.kind(), std::io::ErrorKind::UnexpectedEof)
-                            || e.raw_os_error() == Some(libc::EIO)
-                        {
-                            crate::ratelog::limited("sendfile-file-error", |suppressed| {
-                                tracing::warn!(error = %e, suppressed, "a fetch response could not be read from its segment file; closing the connection (check the data volume)");
-                            });
-                        }
                         // SAFETY: shutdown of this connection's socket, which is open.
                         unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
                         broken = true;
@@ -127,22 +120,30 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     shard.probe.connections_open.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Chunks at least this large that are slices of a segment mapping go to the socket with
-/// `sendfile` (the kernel hands the page-cache pages to the socket; nothing is copied). Record
-/// sets are their own chunks from `kaas_wire::fetch_frame::ZERO_COPY_MIN_BYTES` (8 KiB) up.
-const SENDFILE_MIN_BYTES: usize = 8 * 1024;
-
 /// When the socket is full, this much of a file-backed chunk is written through glommio (a
 /// copy) to wait for room: glommio has no public wait for write readiness, and its write polls
 /// for it. A full socket frees at least a third of its buffer before waking a writer, so the
 /// copy is a small fraction of what is sent.
 const READINESS_WRITE_BYTES: usize = 4 * 1024;
 
+/// Says (once per 10 s) that a response could not be read from its segment file, the data
+/// volume's problem rather than the client's; the caller closes the connection.
+fn segment_unreadable(e: std::io::Error) -> std::io::Error {
+    crate::ratelog::limited("sendfile-file-error", |suppressed| {
+        tracing::warn!(error = %e, suppressed, "a fetch response could not be read from its segment file; closing the connection (check the data volume)");
+    });
+    e
+}
+
 /// Set once `sendfile` failed as unsupported by the data directory's file system.
 static SENDFILE_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
+/// Whether `chunk` may go out with `sendfile`: record sets are their own chunks from
+/// `ZERO_COPY_MIN_BYTES` up (smaller ones are copied into the response's header bytes), and
+/// only those can be slices of a segment mapping.
 fn sendfile_worth(chunk: &Bytes) -> bool {
-    chunk.len() >= SENDFILE_MIN_BYTES && !SENDFILE_UNSUPPORTED.load(Ordering::Relaxed)
+    chunk.len() >= kaas_wire::fetch_frame::ZERO_COPY_MIN_BYTES
+        && !SENDFILE_UNSUPPORTED.load(Ordering::Relaxed)
 }
 
 /// Sets O_NONBLOCK on the socket; false (and responses are copied) if that fails.
@@ -178,7 +179,7 @@ async fn send_file(
                 // The file ends before the slice does: something truncated a segment that this
                 // broker was reading (another broker's recovery cutting a deposed leader's
                 // tail in cluster mode, or a hand on the volume). The frame cannot be completed.
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
+                return Err(segment_unreadable(std::io::ErrorKind::UnexpectedEof.into()));
             }
             Some(Ok(n)) => {
                 done += n;
@@ -188,6 +189,7 @@ async fn send_file(
         };
         match e.raw_os_error() {
             Some(libc::EINTR) => {}
+            Some(libc::EIO) => return Err(segment_unreadable(e)),
             Some(libc::EAGAIN) => {
                 let step = (chunk.len() - done).min(READINESS_WRITE_BYTES);
                 writer.write_all(&chunk[done..done + step]).await?;

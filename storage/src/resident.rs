@@ -25,14 +25,16 @@
 //! the socket with `sendfile` instead of copying it out of the mapping ([`with_file_backing`]).
 //! Most of what a fetch sends then never enters this process's page tables; what still does
 //! (the batch headers a read walks, record sets too small for `sendfile`) stays within the
-//! budget above, which counts every range read. The descriptor is the segment's own (no descriptor is added per mapping: the
-//! shard's open-file budget counts segments), so a slice can outlive it — a response still
-//! being written when retention deletes the segment or an idle log is closed. Each segment
-//! therefore shares a [`SendableFd`] with its mappings' entries: `Some(fd)` while the segment
-//! holds the file open, read-locked around each `sendfile`, and set to `None` before the
-//! segment lets go ([`revoke`]; when a send on another thread holds the lock, the file is kept
-//! open until it ends instead of waiting for it); a slice whose segment is gone is copied from
-//! the mapping, which stays valid. The table is shared between threads because a slice may be written by
+//! budget above, which counts every range read.
+//!
+//! The descriptor is the segment's own (no descriptor is added per mapping: the shard's
+//! open-file budget counts segments), so a slice can outlive it — a response still being
+//! written when retention deletes the segment or an idle log is closed. Each segment therefore
+//! shares a [`SendableFd`] with its mappings' entries: `Some(fd)` while the segment holds the
+//! file open, read-locked around each `sendfile`, and set to `None` before the segment lets go
+//! ([`revoke`]; when a send on another thread holds the lock, the file is kept open until it
+//! ends instead of waiting for it). A slice whose segment is gone is copied from the mapping,
+//! which stays valid. The table is shared between threads because a slice may be written by
 //! another shard than the one that mapped it (a fetch of partitions owned elsewhere).
 //! Measured in bench/README.md ("Consume with sendfile").
 
@@ -144,20 +146,24 @@ pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> O
     fd.map(|fd| f(fd, offset))
 }
 
-/// A read-only shared mapping of the first `len` bytes of the segment file open as `fd`
+/// A read-only shared mapping of the first `len` bytes of the segment file open as `sendable`
 /// (`path` names it in errors), as zero-copy `Bytes`, and the handle [`touched`] takes.
-/// Mapped from the segment's own descriptor, so the mapping and `sendable` are the same file
-/// by construction (a path could name a newer file renamed over it).
+/// Mapped from the segment's own descriptor, so the mapping and the descriptor `sendfile`
+/// uses are the same file by construction (a path could name a newer file renamed over it).
 ///
 /// # Safety
 /// The caller guarantees that the first `len` bytes of the file are not modified or truncated
-/// while the mapping lives (see the module docs), and that `fd` is open.
+/// while the mapping lives (see the module docs), and that `sendable` is not revoked (its
+/// segment is alive).
 pub(crate) unsafe fn map_file(
     path: &Path,
     len: u64,
-    fd: RawFd,
     sendable: &SendableFd,
 ) -> Result<(Bytes, Weak<Mmap>), StorageError> {
+    let fd = sendable
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .expect("a live segment's descriptor is not revoked");
     // SAFETY: forwarded to the caller.
     let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(fd) }
         .map_err(|e| StorageError::io("mapping segment", path, e))?;
@@ -313,8 +319,7 @@ mod tests {
         let file = std::fs::File::open(&path).unwrap();
         let fd = sendable(file.as_raw_fd());
         // SAFETY: the file is open and not modified while mapped.
-        let (map, _handle) =
-            unsafe { map_file(&path, data.len() as u64, file.as_raw_fd(), &fd) }.unwrap();
+        let (map, _handle) = unsafe { map_file(&path, data.len() as u64, &fd) }.unwrap();
         let slice = map.slice(5000..9000);
         let (got, offset) = with_file_backing(&slice, |fd, offset| (fd, offset)).unwrap();
         assert_eq!((got, offset), (file.as_raw_fd(), 5000));

@@ -330,9 +330,7 @@ impl Segment {
         }
         // SAFETY: sealed segments are never modified in place while kaas runs; the mapping is
         // read-only and only the first `size` bytes (whole, verified batches) are ever sliced.
-        let (bytes, handle) = unsafe {
-            resident::map_file(&self.path, self.size, self.file.as_raw_fd(), &self.sendable)?
-        };
+        let (bytes, handle) = unsafe { resident::map_file(&self.path, self.size, &self.sendable)? };
         *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
     }
@@ -354,8 +352,7 @@ impl Segment {
         }
         // SAFETY: read-only mapping of bytes that exist in the file and are never truncated
         // while mapped (see above); only whole batches below `size` are ever sliced.
-        let (bytes, handle) =
-            unsafe { resident::map_file(&self.path, len, self.file.as_raw_fd(), &self.sendable)? };
+        let (bytes, handle) = unsafe { resident::map_file(&self.path, len, &self.sendable)? };
         *self.map.borrow_mut() = Some((bytes.clone(), handle));
         Ok(Some(bytes))
     }
