@@ -6,7 +6,7 @@
 #   3. cargo test --workspace
 #   4. scripts/fuzz.sh           (each fuzz target for 45 s; 600 s with KAAS_LONG_TESTS=1)
 #   5. cargo build --release -p kaas -p kaas-bench -p kaas-lazyfs
-#   6. python3 -m pytest tests -q   (real clients against the kaas binary; KAAS_BIN is set)
+#   6. python3 -m pytest tests -q --durations=25   (real clients against the kaas binary; KAAS_BIN is set)
 #
 # Every step runs even if an earlier check failed (except that the client suites need the
 # release build); the exit code is non-zero if any step failed, and a summary is printed.
@@ -58,7 +58,8 @@ if [[ $built == 1 ]]; then
     tp="$(mktemp)"
     export KAAS_THROUGHPUT_FILE="$tp"
     # shellcheck disable=SC2086
-    step "client suites (pytest)" python3 -m pytest tests -q ${PYTEST_ARGS:-}
+    # --durations: the slowest tests, to keep the whole run near its 30-minute budget.
+    step "client suites (pytest)" python3 -m pytest tests -q --durations=25 ${PYTEST_ARGS:-}
     if [[ -s "$tp" ]]; then
         echo
         echo "==> measured throughput"

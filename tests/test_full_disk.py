@@ -173,8 +173,15 @@ def test_a_full_disk_refuses_produce_and_recovers(volume, sync_scope, tmp_path):
         while health(b)["storage"]["free_bytes"] < (VOLUME_MB << 20) // 2 and time.monotonic() < t0 + 10:
             time.sleep(0.05)
         def deleted_files_open():
-            fds = os.listdir(f"/proc/{b.pid}/fd")
-            return [p for p in (os.readlink(f"/proc/{b.pid}/fd/{fd}") for fd in fds) if "(deleted)" in p]
+            held = []
+            for fd in os.listdir(f"/proc/{b.pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{b.pid}/fd/{fd}")
+                except FileNotFoundError:
+                    continue  # closed between the listing and the read: not held
+                if "(deleted)" in target:
+                    held.append(target)
+            return held
 
         while deleted_files_open() and time.monotonic() < t0 + 10:
             time.sleep(0.05)
