@@ -4,8 +4,10 @@
 Starts kaas with one shard on core 0, fills a topic with `kaas-bench produce` (acks=1, 1 KiB
 records, 100 partitions) from core 1, then reads it back with `kaas-bench consume` from core 1:
 once after dropping the page cache (a first read, from disk) and `--cached-reads` times more
-(from the page cache). For each read it reports the client's msg/s and MiB/s, and the broker's
-user + system CPU seconds (/proc/PID/stat) per GiB of record-batch bytes read, and its VmRSS.
+(from the page cache). For the fill and each read it reports the client's msg/s and MiB/s, the
+broker's user + system CPU seconds (/proc/PID/stat) per GiB (of message payload acknowledged
+for the fill, of record-batch bytes for a read), and its VmRSS. `kaas-floor` measures what the
+same work costs a program that does nothing else.
 
     bench/consume_cpu.py                       # 20 s of produce, one read from disk, two cached
     bench/consume_cpu.py --produce-seconds 40 --cached-reads 3 --json out.json
@@ -72,6 +74,26 @@ def drop_page_cache() -> bool:
         return False
 
 
+def row(label: str, report: str, side_name: str, cpu: float, pid: int) -> dict:
+    """One printed result: kaas-bench's `side_name` side from the `report` JSON, with the
+    broker's `cpu` seconds per GiB of that side's total bytes."""
+    with open(report) as f:
+        side = json.load(f)[side_name]
+    gib = side["total_bytes"] / 2**30
+    r = {
+        "read": label,
+        "msg_per_s": round(side["msg_per_s"]),
+        "mib_per_s": round(side["mb_per_s"], 1),
+        "gib": round(gib, 3),
+        "broker_cpu_s": round(cpu, 2),
+        "broker_cpu_s_per_gib": round(cpu / gib, 3) if gib else None,
+        "vmrss_mib": round(vmrss_mib(pid)),
+        "caught_up": side.get("caught_up"),
+    }
+    print(json.dumps(r), flush=True)
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--produce-seconds", type=int, default=20)
@@ -106,31 +128,23 @@ def main() -> None:
                 time.sleep(0.1)
         client = ["taskset", "-c", "1", bench]
         common = ["--bootstrap", bootstrap, "--topic", "cpu", "--partitions", str(args.partitions)]
+        cpu0 = cpu_seconds(broker.pid)
         subprocess.run([*client, "produce", *common, "--acks", "1", "--message-size", "1024",
                         "--warmup", "0s", "--duration", f"{args.produce_seconds}s",
                         "--json", os.path.join(work, "produce.json")],
                        check=True, stdout=subprocess.DEVNULL)
+        # Per GiB of message payload acknowledged.
+        rows.append(row("produce acks=1 (the fill)", os.path.join(work, "produce.json"),
+                        "produce", cpu_seconds(broker.pid) - cpu0, broker.pid))
         for i in range(1 + args.cached_reads):
             from_disk = i == 0 and drop_page_cache()
             out = os.path.join(work, f"consume{i}.json")
             cpu0 = cpu_seconds(broker.pid)
             subprocess.run([*client, "consume", *common, "--duration", "600s", "--json", out],
                            check=True, stdout=subprocess.DEVNULL)
-            cpu = cpu_seconds(broker.pid) - cpu0
-            with open(out) as f:
-                side = json.load(f)["consume"]
-            gib = side["total_bytes"] / 2**30  # record-batch bytes of the whole read
-            rows.append({
-                "read": "from disk" if from_disk else ("first (cache not dropped)" if i == 0 else "cached"),
-                "msg_per_s": round(side["msg_per_s"]),
-                "mib_per_s": round(side["mb_per_s"], 1),
-                "gib": round(gib, 3),
-                "broker_cpu_s": round(cpu, 2),
-                "broker_cpu_s_per_gib": round(cpu / gib, 3) if gib else None,
-                "vmrss_mib": round(vmrss_mib(broker.pid)),
-                "caught_up": side.get("caught_up"),
-            })
-            print(json.dumps(rows[-1]), flush=True)
+            # Per GiB of record-batch bytes of the whole read.
+            label = "from disk" if from_disk else ("first (cache not dropped)" if i == 0 else "cached")
+            rows.append(row(label, out, "consume", cpu_seconds(broker.pid) - cpu0, broker.pid))
     finally:
         broker.send_signal(signal.SIGTERM)
         try:

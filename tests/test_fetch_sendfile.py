@@ -3,7 +3,8 @@ cache to the socket without being copied. What a consumer reads must still be ex
 acknowledged, batch for batch and in offset order — also when the consumer reads slowly, so
 that the broker's socket fills in the middle of a record set and the rest waits for room, when
 one response carries partitions that different shards own (a slice mapped by one shard is sent
-by another), and when a read spans sealed segments and the active one.
+by another), and when a read spans sealed segments and the active one. A consumer reading
+history from a slow disk must not stall the shard's other work while `sendfile` waits for it.
 
 The check is a raw Fetch v4 client with a 4 KiB receive buffer that sleeps as it reads, and it
 verifies every batch's CRC-32C and every record's value against what the producer sent."""
@@ -13,7 +14,14 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import subprocess
+import threading
 import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Broker
 
 from kcheck import create_topic, unique_topic
 from kwire import (connect, crc32c, parse_produce_response, produce_request, read_uvarint,
@@ -30,12 +38,13 @@ def value(partition: int, batch: int, record: int) -> bytes:
     return f"p{partition}-b{batch:04d}-r{record:03d}-".encode().ljust(VALUE_BYTES, b"x")
 
 
-def produce_all(broker, topic: str, partitions: int = PARTITIONS) -> None:
+def produce_all(broker, topic: str, partitions: int = PARTITIONS,
+                batches: int = BATCHES_PER_PARTITION) -> None:
     """Every batch acknowledged with acks=all, one request at a time (so offsets are known:
     batch b of a partition holds offsets b * RECORDS_PER_BATCH onwards)."""
     s = connect(broker, timeout=30)
     corr = 0
-    for b in range(BATCHES_PER_PARTITION):
+    for b in range(batches):
         for p in range(partitions):
             batch = record_batch([(None, value(p, b, r)) for r in range(RECORDS_PER_BATCH)])
             corr += 1
@@ -193,3 +202,134 @@ def test_a_segment_cut_under_a_reader_closes_the_connection(broker_factory):
     s.close()
     assert got < size, "a whole response from a segment that was cut short"
     assert "could not be read from its segment file" in b.log_text()
+
+
+BLKIO = Path("/sys/fs/cgroup/blkio")
+# The history the cold reader reads: 160 batches of 64 KB, about 10 MB, at 2 MiB/s.
+HISTORY_BATCHES = 160
+READ_BPS = 2 << 20
+
+
+def evict(files) -> None:
+    """Drops the files' clean pages from the page cache, so that reading them needs the disk."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path):
+    """`sendfile` reads pages that are not in the page cache synchronously. On the shard's
+    thread, a consumer catching up on history stalled every other request on the shard for
+    the disk: an acks=1 produce to another partition waited seconds (the whole 4 MiB of the
+    reader's partition was sent before the shard did anything else). Here the data volume's
+    reads are throttled to 2 MiB/s (a blkio cgroup on a loop-mounted ext4) and the history's
+    pages evicted; while a raw consumer reads the 10 MB back slowly through a small receive
+    buffer — every batch and record checked — a producer on the same one-shard broker must
+    keep being acknowledged within 1 s."""
+    from test_full_disk import mount_volume
+
+    throttle_file = BLKIO / "blkio.throttle.read_bps_device"
+    if os.geteuid() != 0 or not throttle_file.exists():
+        pytest.skip("needs root and the cgroup-v1 blkio throttle to make a slow disk")
+    volume = tmp_path / "volume"
+    mount_volume("ext4", volume, tmp_path / "volume.img")
+    group = BLKIO / f"kaas-test-{os.getpid()}"
+    (tmp_path / "broker").mkdir()
+    b = Broker(tmp_path / "broker", shards=1)
+    b.data_dir = volume / "data"
+    try:
+        b.start()
+        history, live = unique_topic("cold-history"), unique_topic("cold-live")
+        create_topic(b.bootstrap, history, 1, {"segment.bytes": str(8 << 20)})
+        create_topic(b.bootstrap, live, 1)
+        produce_all(b, history, partitions=1, batches=HISTORY_BATCHES)
+        end = HISTORY_BATCHES * RECORDS_PER_BATCH
+        live_conn = connect(b, timeout=30)
+        corr = 0
+
+        def produce_live() -> float:
+            """One acks=1 produce to the live topic; returns its round trip in seconds."""
+            nonlocal corr
+            corr += 1
+            batch = record_batch([(None, b"live-%d" % corr)])
+            t0 = time.monotonic()
+            live_conn.sendall(produce_request(7, corr, live, 0, batch, acks=1))
+            (size,) = struct.unpack(">i", recv_exact(live_conn, 4))
+            got_corr, _, _, err, _ = parse_produce_response(7, recv_exact(live_conn, size))
+            assert (got_corr, err) == (corr, 0), (got_corr, err)
+            return time.monotonic() - t0
+
+        produce_live()  # the live partition's log is open and its tail page cached
+
+        # A slow disk: the broker's reads from the loop device at READ_BPS, its history cold.
+        dev = subprocess.run(["findmnt", "-no", "SOURCE", str(volume)], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        rdev = os.stat(dev).st_rdev
+        group.mkdir()
+        (group / "blkio.throttle.read_bps_device").write_text(
+            f"{os.major(rdev)}:{os.minor(rdev)} {READ_BPS}\n")
+        (group / "cgroup.procs").write_text(str(b.pid))
+        evict(b.data_dir.glob(f"{history}~*/0/*.log"))
+
+        read = {"offset": 0, "error": None, "seconds": None}
+
+        def read_history():
+            try:
+                # A small receive buffer read slowly: the broker's socket fills in the middle
+                # of cold record sets, and the rest waits for room.
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(60)
+                s.connect((b.host, b.port))
+                t0 = time.monotonic()
+                corr = 0
+                while read["offset"] < end:
+                    corr += 1
+                    s.sendall(fetch_request(corr, history, {0: read["offset"]}))
+                    (size,) = struct.unpack(">i", recv_exact(s, 4))
+                    frame = recv_slowly(s, size)
+                    err, records = parse_fetch_v4(frame)[0]
+                    assert err == 0, err
+                    for base, vals in batches(records):
+                        assert base == read["offset"], (base, read["offset"])
+                        bi = base // RECORDS_PER_BATCH
+                        assert vals == [value(0, bi, r) for r in range(RECORDS_PER_BATCH)], base
+                        read["offset"] = base + len(vals)
+                read["seconds"] = time.monotonic() - t0
+                s.close()
+            except BaseException as e:  # reported by the main thread
+                read["error"] = e
+
+        reader = threading.Thread(target=read_history, daemon=True)
+        reader.start()
+        latencies = []
+        deadline = time.monotonic() + 120
+        while reader.is_alive() and time.monotonic() < deadline:
+            latencies.append(produce_live())
+            time.sleep(0.05)
+        reader.join(timeout=5)
+        assert read["error"] is None, read["error"]
+        assert read["offset"] == end, f"read {read['offset']} of {end} offsets in time"
+        history_bytes = HISTORY_BATCHES * RECORDS_PER_BATCH * VALUE_BYTES
+        # The disk really was slow: otherwise nothing here could have stalled.
+        assert read["seconds"] > 0.5 * history_bytes / READ_BPS, read["seconds"]
+        worst = max(latencies)
+        print(f"history read from the throttled disk in {read['seconds']:.1f} s; "
+              f"{len(latencies)} live produces meanwhile, slowest {worst * 1000:.0f} ms")
+        assert worst < 1.0, (f"an acks=1 produce on the shard waited {worst:.2f} s while a "
+                             f"consumer read from disk (latencies {sorted(latencies)[-5:]})")
+        live_conn.close()
+    finally:
+        if group.exists():
+            try:
+                (BLKIO / "cgroup.procs").write_text(str(b.pid))
+            except OSError:
+                pass  # the broker is gone
+        b.close()
+        if group.exists():
+            group.rmdir()
+        subprocess.run(["umount", "-l", str(volume)], check=False)

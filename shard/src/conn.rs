@@ -15,8 +15,9 @@
 //! Record sets that are slices of a segment mapping (`kaas_storage::resident::with_file_backing`)
 //! are written with `sendfile`, so the kernel hands page-cache pages to the socket and the
 //! broker copies nothing; everything else is written from memory. The socket is non-blocking
-//! so that `sendfile` on a full socket returns instead of waiting for the client; a page that
-//! is not in the page cache is still read synchronously, on the shard's thread.
+//! so that `sendfile` on a full socket returns instead of waiting for the client. A range with
+//! pages not in the page cache is sent from the shard's blocking thread, since `sendfile` reads
+//! them synchronously and the shard's other connections must not wait for the disk.
 //!
 //! What a connection may hold is bounded ([`crate::admission`]): a request body's memory is
 //! reserved from the broker-wide budget as its bytes arrive, and the reader stops reading while
@@ -25,7 +26,7 @@
 //! within `--request-progress-timeout-ms`) — a client that declares a large frame and trickles
 //! it cannot keep a connection and its memory forever.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -64,9 +65,10 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     let _ = stream.set_nodelay(true);
     let socket = stream.as_raw_fd();
     // Non-blocking, so that `sendfile` returns when the socket is full instead of waiting for
-    // the client (it still reads uncached file pages synchronously, as a fault on the mapping
-    // did). glommio's own reads and writes are `recv`/`send` with MSG_DONTWAIT and io_uring
-    // polls for readiness, which the flag does not change.
+    // the client (it still reads uncached file pages synchronously, which is why those are sent
+    // from the shard's blocking thread: `send_file`). glommio's own reads and writes are
+    // `recv`/`send` with MSG_DONTWAIT and io_uring polls for readiness, which the flag does not
+    // change.
     let zero_copy = set_nonblocking(socket);
     shard.probe.connections_open.fetch_add(1, Ordering::Relaxed);
     shard
@@ -155,9 +157,19 @@ fn set_nonblocking(socket: RawFd) -> bool {
     }
 }
 
+/// Bytes per `sendfile` call: the range whose pages are checked for residency first. A call
+/// sends at most what the socket takes anyway (a few MiB on loopback).
+const SENDFILE_WINDOW_BYTES: usize = 1 << 20;
+
 /// Sends `chunk` with `sendfile` from the segment file it is a mapped slice of, and copies
 /// what cannot go that way: a chunk that is not such a slice, or the rest of one whose segment
 /// let go of its file meanwhile (`kaas_storage::resident::with_file_backing`).
+///
+/// A window whose pages are all in the page cache is sent from the shard's thread. One that
+/// needs the disk is sent from the shard's blocking thread: `sendfile` reads uncached pages
+/// synchronously, and on the shard's thread that read would stall every connection and
+/// partition of the shard — a consumer catching up on history would hold up produce
+/// acknowledgements — for the disk's latency.
 async fn send_file(
     writer: &mut (impl AsyncWriteExt + Unpin),
     socket: RawFd,
@@ -165,14 +177,20 @@ async fn send_file(
 ) -> std::io::Result<()> {
     let mut done = 0;
     while done < chunk.len() {
-        let sent = kaas_storage::resident::with_file_backing(chunk, |file, offset| {
-            let mut at = (offset + done as u64) as libc::off_t;
-            // SAFETY: the socket is this connection's; `file` is open while this closure runs
-            // (`with_file_backing`); `at` is a valid off_t the call updates.
-            let n = unsafe { libc::sendfile(socket, file, &mut at, chunk.len() - done) };
-            // errno is read here, before the lock is released.
-            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
-        });
+        let window = chunk.slice(done..chunk.len().min(done + SENDFILE_WINDOW_BYTES));
+        let cold = !kaas_storage::resident::in_page_cache(&window);
+        // The blocking thread gets its own duplicate of the socket: the call runs even if this
+        // task is dropped meanwhile (shutdown), and the connection's descriptor number could by
+        // then name another connection's socket. With no descriptor to spare (EMFILE), the
+        // window is sent from this thread, as every window was before.
+        let sent = match cold.then(|| dup_socket(socket)).flatten() {
+            Some(dup) => {
+                glommio::executor()
+                    .spawn_blocking(move || sendfile_once(dup.as_raw_fd(), &window))
+                    .await
+            }
+            None => sendfile_once(socket, &window),
+        };
         let e = match sent {
             None => return writer.write_all(&chunk[done..]).await,
             Some(Ok(0)) => {
@@ -191,9 +209,17 @@ async fn send_file(
             Some(libc::EINTR) => {}
             Some(libc::EIO) => return Err(segment_unreadable(e)),
             Some(libc::EAGAIN) => {
-                let step = (chunk.len() - done).min(READINESS_WRITE_BYTES);
-                writer.write_all(&chunk[done..done + step]).await?;
-                done += step;
+                let step = chunk.slice(done..chunk.len().min(done + READINESS_WRITE_BYTES));
+                // Copied from the mapping: a page not in the page cache is read in from the
+                // blocking thread first, so that the copy does not fault on the shard's.
+                if !kaas_storage::resident::in_page_cache(&step) {
+                    let cold = step.clone();
+                    glommio::executor()
+                        .spawn_blocking(move || kaas_storage::resident::read_into_cache(&cold))
+                        .await;
+                }
+                writer.write_all(&step).await?;
+                done += step.len();
             }
             // A file system that cannot splice its pages (sendfile needs `splice_read`): the
             // rest, and every later chunk, is copied from the mapping instead.
@@ -207,6 +233,27 @@ async fn send_file(
         }
     }
     Ok(())
+}
+
+/// A duplicate of the connection's socket, owned by the caller; `None` if none can be made.
+fn dup_socket(socket: RawFd) -> Option<OwnedFd> {
+    // SAFETY: dup of this connection's open socket.
+    let dup = unsafe { libc::dup(socket) };
+    // SAFETY: a new descriptor that nothing else owns.
+    (dup >= 0).then(|| unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
+/// One `sendfile` of `window` to `socket`: the bytes sent, or `None` when `window` is not (or
+/// no longer) file-backed.
+fn sendfile_once(socket: RawFd, window: &Bytes) -> Option<std::io::Result<usize>> {
+    kaas_storage::resident::with_file_backing(window, |file, offset| {
+        let mut at = offset as libc::off_t;
+        // SAFETY: `socket` is open for the call (the caller's); `file` is open while this
+        // closure runs (`with_file_backing`); `at` is a valid off_t the call updates.
+        let n = unsafe { libc::sendfile(socket, file, &mut at, window.len()) };
+        // errno is read here, before the lock is released.
+        usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+    })
 }
 
 /// A request's outcome, as the writer gets it: the response to send (none for acks=0) and,

@@ -15,6 +15,8 @@
 //! held 40 bytes per batch, 2.6 MB); 1 KiB records one per batch, 981,573 batches and 245,394
 //! marks, 4.0 MiB (dense: 39 MB).
 
+use std::ops::Range;
+
 use kaas_wire::batch;
 
 /// One batch and where it lives in its segment file: what is pushed on append and recovery,
@@ -166,7 +168,15 @@ impl BatchIndex {
         if self.last?.last_offset < offset {
             return None;
         }
-        // The batch holding `offset` starts at or after the last mark at or before it.
+        scan(segment, self.mark_at_or_before(offset).1, |e| {
+            e.last_offset >= offset
+        })
+    }
+
+    /// Where a lookup of `offset` starts: the index of the first mark past it, and the
+    /// position of the last mark at or before it (0 without one). The batch holding `offset`
+    /// starts at or after that position, and at or before the next mark's.
+    fn mark_at_or_before(&self, offset: i64) -> (usize, u64) {
         let relative = offset.saturating_sub(self.base_offset);
         let i = self
             .marks
@@ -174,7 +184,7 @@ impl BatchIndex {
         let from = i
             .checked_sub(1)
             .map_or(0, |i| self.marks[i].position as u64);
-        scan(segment, from, |e| e.last_offset >= offset)
+        (i, from)
     }
 
     /// The first batch whose max timestamp is at or after `ts`.
@@ -203,8 +213,12 @@ impl BatchIndex {
             .checked_sub(1)
             .map_or(first_end, |i| first_end.max(self.marks[i].position as u64));
         // Every batch before a mark ends at or before it, so all up to `end` are whole; walk
-        // the length fields from there.
-        while let Some(len) = segment.get(end as usize + 8..end as usize + 12) {
+        // the length fields from there. A batch starting within LOG_OVERHEAD of the limit
+        // cannot fit, so its length is not read (`end_span` relies on it).
+        while end + batch::LOG_OVERHEAD as u64 <= limit {
+            let Some(len) = segment.get(end as usize + 8..end as usize + 12) else {
+                break;
+            };
             let len = i32::from_be_bytes(len.try_into().expect("4 bytes"));
             let next = end + batch::LOG_OVERHEAD as u64 + len.max(0) as u64;
             if next > limit {
@@ -213,6 +227,39 @@ impl BatchIndex {
             end = next;
         }
         end
+    }
+}
+
+impl BatchIndex {
+    /// The bytes of a segment of `len` bytes that [`Self::find`] reads for `offset`: from the
+    /// last mark at or before it to the end of the header of the batch at the next mark (the
+    /// batch holding `offset` starts at that mark or before it). `None` when the index alone
+    /// says that nothing holds `offset`. A read needs these in the page cache not to wait for
+    /// the disk (`PartitionLog::read`).
+    pub fn find_span(&self, offset: i64, len: u64) -> Option<Range<u64>> {
+        if self.last?.last_offset < offset {
+            return None;
+        }
+        let (i, from) = self.mark_at_or_before(offset);
+        let upto = self
+            .marks
+            .get(i)
+            .map_or(len, |m| m.position as u64 + batch::BATCH_HEADER_LEN as u64);
+        Some(from.min(len)..upto.min(len))
+    }
+
+    /// The bytes that [`Self::end_within`] reads for a fetch of `max_bytes` from the batch
+    /// that `find` finds in `found` (its [`Self::find_span`]), whichever batch that is: the
+    /// limit lies between `found.start + max_bytes` and `found.end + max_bytes`, and the walk
+    /// starts at the last mark at or before it (or later) and reads below it.
+    pub fn end_span(&self, found: &Range<u64>, max_bytes: u64, len: u64) -> Range<u64> {
+        let low = found.start.saturating_add(max_bytes).min(len);
+        let high = found.end.saturating_add(max_bytes).min(len);
+        let j = self.marks.partition_point(|m| (m.position as u64) <= low);
+        let mark = j
+            .checked_sub(1)
+            .map_or(0, |j| self.marks[j].position as u64);
+        found.start.max(mark).min(high)..high
     }
 }
 
@@ -454,14 +501,24 @@ mod tests {
     use super::*;
     use kaas_wire::batch::{build_batch, BatchSpec};
 
-    // Every offset and every timestamp is found by mark + header scan, exactly as a dense
-    // search over all batches finds it, for several mark distances.
-    #[test]
-    fn sparse_lookups_match_dense() {
+    /// `segment` with every byte outside `keep` overwritten.
+    fn poisoned(segment: &[u8], keep: &[&Range<u64>]) -> Vec<u8> {
+        let mut p = vec![0xA5; segment.len()];
+        for r in keep {
+            let r = r.start as usize..r.end as usize;
+            p[r.clone()].copy_from_slice(&segment[r]);
+        }
+        p
+    }
+
+    const BASE: i64 = 1000;
+
+    /// 200 batches of 1-4 records from offset BASE, with gaps between their offsets as
+    /// compaction leaves them: the segment bytes, every batch's entry, and the offset after.
+    fn sample_segment() -> (Vec<u8>, Vec<BatchEntry>, i64) {
         let mut segment = Vec::new();
         let mut dense = Vec::new();
-        let base = 1000;
-        let mut next = base;
+        let mut next = BASE;
         for b in 0..200i64 {
             let n = 1 + (b % 4) as usize;
             let value = vec![b'x'; (b * 37 % 300) as usize];
@@ -486,11 +543,29 @@ mod tests {
             // Gaps between batches, as compaction leaves them.
             next += n as i64 + (b % 3);
         }
-        for interval in [0, 1, 500, 4096, 1 << 30] {
-            let mut idx = BatchIndex::new(base, interval);
-            for e in &dense {
-                idx.push(*e);
-            }
+        (segment, dense, next)
+    }
+
+    /// Mark distances (`index.interval.bytes`) the lookups are checked with: a mark at every
+    /// batch, every few batches, and only the first.
+    const MARK_DISTANCES: [u64; 5] = [0, 1, 500, 4096, 1 << 30];
+
+    fn indexed(dense: &[BatchEntry], interval: u64) -> BatchIndex {
+        let mut idx = BatchIndex::new(BASE, interval);
+        for e in dense {
+            idx.push(*e);
+        }
+        idx
+    }
+
+    // Every offset and every timestamp is found by mark + header scan, exactly as a dense
+    // search over all batches finds it, for several mark distances.
+    #[test]
+    fn sparse_lookups_match_dense() {
+        let (segment, dense, next) = sample_segment();
+        let base = BASE;
+        for interval in MARK_DISTANCES {
+            let idx = indexed(&dense, interval);
             if interval >= 1 << 30 {
                 assert_eq!(idx.mark_count(), 1);
             }
@@ -520,6 +595,57 @@ mod tests {
             assert_eq!(idx.newest(), Some((newest, first.base_offset)));
             assert_eq!(idx.epochs().len(), 4);
             assert_eq!(idx.last(), dense.last());
+        }
+    }
+
+    // What a read's lookups read lies within the spans the index names beforehand, so that the
+    // read path can bring them into the page cache first: with every other byte overwritten
+    // they answer the same, for several mark distances.
+    #[test]
+    fn lookups_read_only_the_spans_the_index_names() {
+        let (segment, dense, next) = sample_segment();
+        let base = BASE;
+        for interval in MARK_DISTANCES {
+            let idx = indexed(&dense, interval);
+            let len = segment.len() as u64;
+            for offset in (base - 2..next + 2).step_by(11) {
+                let Some(found) = idx.find_span(offset, len) else {
+                    assert_eq!(idx.find(&segment, offset), None, "offset {offset}");
+                    continue;
+                };
+                let first = idx.find(&segment, offset);
+                let p = poisoned(&segment, &[&found]);
+                assert_eq!(
+                    idx.find(&p, offset),
+                    first,
+                    "interval {interval} offset {offset}"
+                );
+                let Some(first) = first else { continue };
+                // A high watermark a few offsets on cuts the extent at its batch.
+                let hw = offset + 7;
+                let hw_span = idx.find_span(hw, len);
+                for max_bytes in [0u64, 100, 4096, 9000] {
+                    let end = idx.end_span(&found, max_bytes, len);
+                    let limit = first.position + max_bytes;
+                    let p = poisoned(&segment, &[&found, &end]);
+                    assert_eq!(
+                        idx.end_within(&p, first.end_position(), limit),
+                        idx.end_within(&segment, first.end_position(), limit),
+                        "interval {interval} offset {offset} max {max_bytes}"
+                    );
+                    let (Some(hw_span), Some(cut)) = (&hw_span, idx.find(&segment, hw)) else {
+                        continue;
+                    };
+                    let p = poisoned(&segment, &[&found, &end, hw_span]);
+                    assert_eq!(idx.find(&p, hw), Some(cut));
+                    let limit = limit.min(cut.position);
+                    assert_eq!(
+                        idx.end_within(&p, first.end_position(), limit),
+                        idx.end_within(&segment, first.end_position(), limit),
+                        "interval {interval} offset {offset} max {max_bytes} cut at {hw}"
+                    );
+                }
+            }
         }
     }
 }

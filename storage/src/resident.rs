@@ -146,6 +146,67 @@ pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> O
     fd.map(|fd| f(fd, offset))
 }
 
+/// Whether every page under `bytes` is in the page cache (`mincore`), so that sending them
+/// with `sendfile` will not wait for the disk. For a file mapping `mincore` answers from the
+/// page cache whether or not this process has the pages mapped, and it faults nothing in.
+/// False when the answer is unknown (the call failed), so that the caller takes the path that
+/// cannot block its thread.
+pub fn in_page_cache(bytes: &[u8]) -> bool {
+    if bytes.is_empty() {
+        return true;
+    }
+    let page = page_size();
+    let end = bytes.as_ptr() as usize + bytes.len();
+    let mut at = bytes.as_ptr() as usize & !(page - 1);
+    // One call per 2 MiB of 4 KiB pages, answered into a buffer on the stack.
+    let mut vec = [0u8; 512];
+    while at < end {
+        let len = (end - at).min(vec.len() * page);
+        // SAFETY: `[at, at + len)` lies within the pages of `bytes`, which are mapped while
+        // the borrow lives; `at` is page-aligned and `vec` has room for `len / page` rounded up.
+        let rc = unsafe { libc::mincore(at as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if rc != 0 || vec[..len.div_ceil(page)].iter().any(|v| v & 1 == 0) {
+            return false;
+        }
+        at += len;
+    }
+    true
+}
+
+/// Reads `bytes`, a slice of a segment mapping, from its file into the page cache (a `pread`
+/// into a scratch buffer: the pages are not mapped into this process, so they do not count
+/// against the resident budget). For a blocking thread: it waits for the disk. Errors are
+/// left to the reader that follows, which meets them itself.
+pub fn read_into_cache(bytes: &Bytes) {
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        let mut buf = scratch.borrow_mut();
+        buf.resize(bytes.len(), 0);
+        with_file_backing(bytes, |fd, offset| {
+            // SAFETY: `fd` is open while this closure runs (`with_file_backing`); `buf` has
+            // `bytes.len()` writable bytes.
+            unsafe {
+                libc::pread(
+                    fd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    offset as libc::off_t,
+                )
+            }
+        });
+    });
+}
+
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf with a valid name has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
 /// A read-only shared mapping of the first `len` bytes of the segment file open as `sendable`
 /// (`path` names it in errors), as zero-copy `Bytes`, and the handle [`touched`] takes.
 /// Mapped from the segment's own descriptor, so the mapping and the descriptor `sendfile`
@@ -372,5 +433,55 @@ mod tests {
             !lock_mappings().contains_key(&start),
             "unlisted when dropped"
         );
+    }
+
+    // Proves: `in_page_cache` says whether sending a slice would wait for the disk — true for
+    // pages just written (in the page cache, never touched through the mapping), false once
+    // the file's pages were evicted, true again after they were read back.
+    #[test]
+    fn residency_is_answered_from_the_page_cache_without_faulting() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("00000000000000000000.log");
+        // More than one mincore call's worth (2 MiB), not a whole number of pages.
+        let data: Vec<u8> = (0..(3 << 20) + 1000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        let fd = sendable(file.as_raw_fd());
+        // SAFETY: the file is open and not modified while mapped.
+        let (map, _handle) = unsafe { map_file(&path, data.len() as u64, &fd) }.unwrap();
+        assert!(in_page_cache(&map), "just written");
+        assert!(in_page_cache(&map[5000..3 << 20]));
+        assert!(in_page_cache(&[]));
+
+        // Clean pages not mapped by anyone are dropped by DONTNEED — except on tmpfs, where
+        // the page cache is the only copy.
+        // SAFETY: statfs fills the zeroed struct from a valid C path.
+        let tmpfs = unsafe {
+            let mut st: libc::statfs = std::mem::zeroed();
+            let c = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+            libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC
+        };
+        if tmpfs {
+            eprintln!("eviction not checked: the temporary directory is on tmpfs");
+            return;
+        }
+        // SAFETY: advice on an open descriptor, integer arguments.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        assert!(!in_page_cache(&map), "evicted");
+        assert!(
+            !in_page_cache(&map[map.len() - 10..]),
+            "the last, partial page"
+        );
+        assert!(
+            !in_page_cache(&map[5000..3 << 20]),
+            "checking faulted nothing in"
+        );
+
+        let mut back = vec![0u8; data.len()];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 0).unwrap();
+        assert!(in_page_cache(&map), "read back");
     }
 }

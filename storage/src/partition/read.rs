@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The longest span of batch headers `PartitionLog::read` brings into the page cache before
+/// reading (with the default `index.interval.bytes` of 4 KiB a span is a few KiB).
+const HEADER_PREFETCH_MAX_BYTES: u64 = 1 << 20;
+
 impl PartitionLog {
     /// Reads whole batches starting with the one that contains `offset`, up to `max_bytes`
     /// (at least one batch even if it is larger, as Kafka does, so a consumer always
@@ -20,7 +24,9 @@ impl PartitionLog {
     /// extent up to `max_bytes` likewise, so a read touches a bounded number of headers
     /// whatever the batch size or the fetch size.
     pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadOutcome, StorageError> {
-        self.read_below(offset, max_bytes, self.log_end_offset())
+        let bound = self.log_end_offset();
+        self.headers_into_cache(offset, max_bytes, bound).await;
+        self.read_below(offset, max_bytes, bound)
     }
 
     /// [`Self::read`] for consumers: only what is below the high watermark. An offset between
@@ -31,7 +37,65 @@ impl PartitionLog {
         offset: i64,
         max_bytes: usize,
     ) -> Result<ReadOutcome, StorageError> {
-        self.read_below(offset, max_bytes, self.high_watermark())
+        let bound = self.high_watermark();
+        self.headers_into_cache(offset, max_bytes, bound).await;
+        self.read_below(offset, max_bytes, bound)
+    }
+
+    /// Brings the batch headers that `read_below` is about to read through the mapping into
+    /// the page cache, from the shard's blocking thread, when they are not there yet: a page
+    /// fault on the shard's thread would stall every partition of the shard for the disk (a
+    /// consumer reading history stalled acks=1 produce for seconds on a slow volume). The
+    /// index names beforehand where the lookups read ([`BatchIndex::find_span`],
+    /// [`BatchIndex::end_span`]); the record sets themselves are sent with `sendfile`, which
+    /// reads them off the shard as well (`shard::conn`). A span longer than
+    /// `HEADER_PREFETCH_MAX_BYTES` (sparse marks: a large `index.interval.bytes`) is left to
+    /// the fault, as is a page evicted again in between.
+    async fn headers_into_cache(&self, offset: i64, max_bytes: usize, bound: i64) {
+        let cold: Vec<Bytes> = {
+            let st = self.state.borrow();
+            let hw = bound.min(st.log_end_offset);
+            if offset < st.log_start_offset || offset >= hw {
+                return;
+            }
+            let si = st
+                .segments
+                .partition_point(|s| s.base_offset <= offset)
+                .saturating_sub(1);
+            let last = st.segments.len() - 1;
+            // The segment `read_below` reads first (a later one only after a compacted gap).
+            let Some((k, seg)) = st
+                .segments
+                .iter()
+                .enumerate()
+                .skip(si)
+                .find(|(_, s)| s.index.last().is_some_and(|l| l.last_offset >= offset))
+            else {
+                return;
+            };
+            let Ok(Some(data)) = seg.data(k < last) else {
+                return;
+            };
+            let len = data.len() as u64;
+            let Some(found) = seg.index.find_span(offset, len) else {
+                return;
+            };
+            let mut spans = vec![seg.index.end_span(&found, max_bytes as u64, len), found];
+            if seg.index.last().is_some_and(|l| l.last_offset >= hw) {
+                spans.extend(seg.index.find_span(hw, len));
+            }
+            spans
+                .into_iter()
+                .filter(|r| !r.is_empty() && r.end - r.start <= HEADER_PREFETCH_MAX_BYTES)
+                .map(|r| data.slice(r.start as usize..r.end as usize))
+                .filter(|b| !crate::resident::in_page_cache(b))
+                .collect()
+        };
+        if !cold.is_empty() {
+            glommio::executor()
+                .spawn_blocking(move || cold.iter().for_each(crate::resident::read_into_cache))
+                .await;
+        }
     }
 
     pub(super) fn read_below(
