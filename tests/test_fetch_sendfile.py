@@ -221,7 +221,8 @@ def evict(files) -> None:
             os.close(fd)
 
 
-def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path):
+@pytest.mark.parametrize("acks", [1, -1], ids=["acks1", "acks_all"])
+def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path, acks):
     """`sendfile` reads pages that are not in the page cache synchronously. On the shard's
     thread, a consumer catching up on history stalled every other request on the shard for
     the disk: an acks=1 produce to another partition waited seconds (the whole 4 MiB of the
@@ -229,7 +230,9 @@ def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path):
     reads are throttled to 2 MiB/s (a blkio cgroup on a loop-mounted ext4) and the history's
     pages evicted; while a raw consumer reads the 10 MB back slowly through a small receive
     buffer — every batch and record checked — a producer on the same one-shard broker must
-    keep being acknowledged within 1 s."""
+    keep being acknowledged within 1 s. With acks=all the group commit's `syncfs` runs on the
+    shard's blocking threads, where the cold reads now run too: with one such thread it
+    waited behind them (1.65 s), so a shard has several."""
     from test_full_disk import mount_volume
 
     throttle_file = BLKIO / "blkio.throttle.read_bps_device"
@@ -252,12 +255,12 @@ def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path):
         corr = 0
 
         def produce_live() -> float:
-            """One acks=1 produce to the live topic; returns its round trip in seconds."""
+            """One produce to the live topic; returns its round trip in seconds."""
             nonlocal corr
             corr += 1
             batch = record_batch([(None, b"live-%d" % corr)])
             t0 = time.monotonic()
-            live_conn.sendall(produce_request(7, corr, live, 0, batch, acks=1))
+            live_conn.sendall(produce_request(7, corr, live, 0, batch, acks=acks))
             (size,) = struct.unpack(">i", recv_exact(live_conn, 4))
             got_corr, _, _, err, _ = parse_produce_response(7, recv_exact(live_conn, size))
             assert (got_corr, err) == (corr, 0), (got_corr, err)
@@ -320,7 +323,7 @@ def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path):
         worst = max(latencies)
         print(f"history read from the throttled disk in {read['seconds']:.1f} s; "
               f"{len(latencies)} live produces meanwhile, slowest {worst * 1000:.0f} ms")
-        assert worst < 1.0, (f"an acks=1 produce on the shard waited {worst:.2f} s while a "
+        assert worst < 1.0, (f"an acks={acks} produce on the shard waited {worst:.2f} s while a "
                              f"consumer read from disk (latencies {sorted(latencies)[-5:]})")
         live_conn.close()
     finally:

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use glommio::{Latency, LocalExecutorBuilder, Placement, Shares};
+use glommio::{CpuSet, Latency, LocalExecutorBuilder, Placement, PoolPlacement, Shares};
 
 use crate::admission::Admission;
 use crate::catalog::Catalog;
@@ -48,6 +48,10 @@ const PUBLISH_EVERY_TICKS: u64 = 10;
 /// previous coordinator still holds it: that broker releases it once it applies the move
 /// (within a second or two), or loses it with its process.
 const GROUP_CLAIM_RETRIES: usize = 30;
+/// Blocking threads per shard (glommio's pool; they take jobs from one queue). A shard's cold
+/// reads (`conn::send_file`, `PartitionLog::read`), group-commit syncs and directory fsyncs run
+/// there, so with more than one a sync is not held up behind a read from a slow disk.
+const BLOCKING_THREADS: usize = 4;
 
 /// A running set of shards.
 pub struct BrokerRuntime {
@@ -157,7 +161,15 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
                 tx: Some(ready_tx.clone()),
             },
         );
+        // The blocking threads of a pinned shard stay on its core: they mostly wait for the
+        // disk, and the shard's CPU stays its own.
+        let pool = CpuSet::online()
+            .ok()
+            .filter(|_| nshards <= cpus)
+            .map(|set| PoolPlacement::Fenced(BLOCKING_THREADS, set.filter(|l| l.cpu == id)))
+            .unwrap_or(PoolPlacement::Unbound(BLOCKING_THREADS));
         let builder = LocalExecutorBuilder::new(placement)
+            .blocking_thread_pool_placement(pool)
             .name(&format!("kaas-shard-{id}"))
             .io_memory(config.io_memory_bytes)
             // Small preemption period: cross-shard jobs and long-poll wakeups must not wait

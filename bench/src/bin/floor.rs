@@ -13,7 +13,11 @@
 //! - `recv+crc`: and CRC-32C it, as a broker validates a batch;
 //! - `recv+crc+write`: and append it to a file in `--dir` (a buffered `write`: the copy into
 //!   the page cache);
-//! - `recv+crc+write+fdatasync`: and `fdatasync` every `--sync-bytes`, as acks=all would.
+//! - `recv+crc+O_DIRECT write`: instead of a buffered write, receive into an aligned 1 MiB
+//!   buffer and write each full one with `O_DIRECT` (no page cache: what a log written past
+//!   the page cache would pay);
+//! - `recv+crc+write+fdatasync`: a buffered write and `fdatasync` every `--sync-bytes`, as
+//!   acks=all would.
 //!
 //! Consume (the broker thread sends the file the produce steps wrote, 1 MiB at a time, as a
 //! fetch sends up to `max.partition.fetch.bytes` of a partition):
@@ -30,6 +34,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -67,6 +72,7 @@ enum Produce {
     Recv,
     Crc,
     Write,
+    Direct,
     Sync,
 }
 
@@ -94,6 +100,7 @@ fn run_all(args: &Args, path: &Path) -> anyhow::Result<()> {
         (Produce::Recv, "recv"),
         (Produce::Crc, "recv+crc"),
         (Produce::Write, "recv+crc+write"),
+        (Produce::Direct, "recv+crc+O_DIRECT write"),
         (Produce::Sync, "recv+crc+write+fdatasync"),
     ] {
         let _ = std::fs::remove_file(path);
@@ -167,21 +174,30 @@ fn on_cores(
 
 fn produce(args: &Args, path: &Path, step: Produce, total: u64) -> anyhow::Result<(f64, f64)> {
     let (mut broker, mut client) = pair()?;
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    if step == Produce::Direct {
+        options.custom_flags(libc::O_DIRECT);
+        if !DIRECT_BYTES.is_multiple_of(args.chunk) {
+            bail!("--chunk must divide {DIRECT_BYTES} for the O_DIRECT step");
+        }
+    }
     let mut file = match step {
-        Produce::Write | Produce::Sync => Some(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
+        Produce::Recv | Produce::Crc => None,
+        _ => Some(
+            options
                 .open(path)
                 .with_context(|| format!("opening {}", path.display()))?,
         ),
-        _ => None,
     };
     let chunk = args.chunk;
     // `move`: a side that fails drops its socket, so that the other side does not wait on it.
     on_cores(
         args,
         move || {
+            if step == Produce::Direct {
+                return receive_direct(&mut broker, file.as_mut().expect("opened"), chunk, total);
+            }
             let mut buf = vec![0u8; chunk];
             let mut crc = 0u32;
             let (mut received, mut unsynced) = (0u64, 0u64);
@@ -218,6 +234,36 @@ fn produce(args: &Args, path: &Path, step: Produce, total: u64) -> anyhow::Resul
             Ok(())
         },
     )
+}
+
+/// Bytes per `O_DIRECT` write.
+const DIRECT_BYTES: usize = 1 << 20;
+
+/// The `O_DIRECT` step: each chunk is received straight into its place in an aligned buffer,
+/// CRC-checked there, and every full buffer written past the page cache.
+fn receive_direct(
+    socket: &mut TcpStream,
+    file: &mut File,
+    chunk: usize,
+    total: u64,
+) -> anyhow::Result<()> {
+    let mut raw = vec![0u8; DIRECT_BYTES + 4096];
+    let start = raw.as_ptr().align_offset(4096);
+    let buf = &mut raw[start..start + DIRECT_BYTES];
+    let (mut received, mut fill, mut crc) = (0u64, 0usize, 0u32);
+    while received < total {
+        socket.read_exact(&mut buf[fill..fill + chunk])?;
+        crc ^= crc32c::crc32c(&buf[fill..fill + chunk]);
+        received += chunk as u64;
+        fill += chunk;
+        if fill == DIRECT_BYTES {
+            file.write_all(buf)?;
+            fill = 0;
+        }
+    }
+    file.sync_data()?;
+    std::hint::black_box(crc);
+    Ok(())
 }
 
 fn consume(args: &Args, path: &Path, step: Consume) -> anyhow::Result<(f64, f64)> {
