@@ -166,10 +166,11 @@ const SENDFILE_WINDOW_BYTES: usize = 1 << 20;
 /// let go of its file meanwhile (`kaas_storage::resident::with_file_backing`).
 ///
 /// A window whose pages are all in the page cache is sent from the shard's thread. One that
-/// needs the disk is sent from the shard's blocking thread: `sendfile` reads uncached pages
-/// synchronously, and on the shard's thread that read would stall every connection and
-/// partition of the shard — a consumer catching up on history would hold up produce
-/// acknowledgements — for the disk's latency.
+/// needs the disk is sent from the shard's blocking threads, a bounded number at once
+/// (`kaas_storage::resident::off_shard`): `sendfile` reads uncached pages synchronously, and
+/// on the shard's thread that read would stall every connection and partition of the shard —
+/// a consumer catching up on history would hold up produce acknowledgements — for the disk's
+/// latency.
 async fn send_file(
     writer: &mut (impl AsyncWriteExt + Unpin),
     socket: RawFd,
@@ -185,8 +186,7 @@ async fn send_file(
         // window is sent from this thread, as every window was before.
         let sent = match cold.then(|| dup_socket(socket)).flatten() {
             Some(dup) => {
-                glommio::executor()
-                    .spawn_blocking(move || sendfile_once(dup.as_raw_fd(), &window))
+                kaas_storage::resident::off_shard(move || sendfile_once(dup.as_raw_fd(), &window))
                     .await
             }
             None => sendfile_once(socket, &window),
@@ -214,9 +214,10 @@ async fn send_file(
                 // blocking thread first, so that the copy does not fault on the shard's.
                 if !kaas_storage::resident::in_page_cache(&step) {
                     let cold = step.clone();
-                    glommio::executor()
-                        .spawn_blocking(move || kaas_storage::resident::read_into_cache(&cold))
-                        .await;
+                    kaas_storage::resident::off_shard(move || {
+                        kaas_storage::resident::read_into_cache(&cold)
+                    })
+                    .await;
                 }
                 writer.write_all(&step).await?;
                 done += step.len();
@@ -237,8 +238,9 @@ async fn send_file(
 
 /// A duplicate of the connection's socket, owned by the caller; `None` if none can be made.
 fn dup_socket(socket: RawFd) -> Option<OwnedFd> {
-    // SAFETY: dup of this connection's open socket.
-    let dup = unsafe { libc::dup(socket) };
+    // SAFETY: a duplicate (close-on-exec, as Rust opens every descriptor) of this
+    // connection's open socket.
+    let dup = unsafe { libc::fcntl(socket, libc::F_DUPFD_CLOEXEC, 0) };
     // SAFETY: a new descriptor that nothing else owns.
     (dup >= 0).then(|| unsafe { OwnedFd::from_raw_fd(dup) })
 }

@@ -52,6 +52,51 @@ const GROUP_CLAIM_RETRIES: usize = 30;
 /// reads (`conn::send_file`, `PartitionLog::read`), group-commit syncs and directory fsyncs run
 /// there, so with more than one a sync is not held up behind a read from a slow disk.
 const BLOCKING_THREADS: usize = 4;
+// A sync must find a blocking thread free however many cold reads wait (`off_shard`), and
+// one directory fsync may be running beside it.
+const _: () = assert!(BLOCKING_THREADS >= kaas_storage::resident::COLD_READS_IN_FLIGHT + 2);
+
+/// The CPUs this process may run on, in order: its affinity mask, which `taskset` and a
+/// container's cpuset (Kubernetes' static CPU manager hands a pod, say, CPUs 5 and 6) set.
+/// Shards are pinned to these; pinning shard 0 to CPU 0 whatever the mask made the start fail
+/// in such a container (the kernel refuses an affinity outside the cpuset) and, under
+/// `taskset`, took the broker off the cores it was given.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size given; 0 names this thread, whose mask
+    // is the process's (shards are started before any thread is pinned).
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    let cpus: Vec<usize> = if rc == 0 {
+        // SAFETY: CPU_ISSET reads the set for an index below CPU_SETSIZE.
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if cpus.is_empty() {
+        // Unknown: the shards go where the OS puts them.
+        tracing::warn!(error = %std::io::Error::last_os_error(), "could not read this process's CPU affinity; shards are not pinned");
+    }
+    cpus
+}
+
+/// Where shard `id`'s blocking threads run, of `cpus` (the allowed CPUs): with CPUs to spare
+/// beyond the pinned shards, on those — a cold read's copy then takes no shard's time; with
+/// every allowed CPU a shard's, on the shard's own, so that its disk work takes from no other
+/// shard; with shards not pinned, where the OS puts them.
+fn blocking_pool(cpus: &[usize], nshards: usize, id: usize) -> PoolPlacement {
+    let own: &[usize] = match nshards.cmp(&cpus.len()) {
+        std::cmp::Ordering::Less => &cpus[nshards..],
+        std::cmp::Ordering::Equal => &cpus[id..=id],
+        std::cmp::Ordering::Greater => return PoolPlacement::Unbound(BLOCKING_THREADS),
+    };
+    match CpuSet::online().map(|set| set.filter(|l| own.contains(&l.cpu))) {
+        Ok(set) if !set.is_empty() => PoolPlacement::Fenced(BLOCKING_THREADS, set),
+        _ => PoolPlacement::Unbound(BLOCKING_THREADS),
+    }
+}
 
 /// A running set of shards.
 pub struct BrokerRuntime {
@@ -133,9 +178,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         .collect();
     let shutdown = Arc::new(AtomicBool::new(false));
     let mut mesh: Mesh<Shard> = Mesh::new(nshards);
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = allowed_cpus();
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::new();
     let mut control = Vec::new();
@@ -145,8 +188,8 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         let cluster = cluster.clone();
         let admission = admission.clone();
         // Pin to a core while there are enough cores; beyond that let the OS place them.
-        let placement = if nshards <= cpus {
-            Placement::Fixed(id)
+        let placement = if nshards <= cpus.len() {
+            Placement::Fixed(cpus[id])
         } else {
             Placement::Unbound
         };
@@ -161,13 +204,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
                 tx: Some(ready_tx.clone()),
             },
         );
-        // The blocking threads of a pinned shard stay on its core: they mostly wait for the
-        // disk, and the shard's CPU stays its own.
-        let pool = CpuSet::online()
-            .ok()
-            .filter(|_| nshards <= cpus)
-            .map(|set| PoolPlacement::Fenced(BLOCKING_THREADS, set.filter(|l| l.cpu == id)))
-            .unwrap_or(PoolPlacement::Unbound(BLOCKING_THREADS));
+        let pool = blocking_pool(&cpus, nshards, id);
         let builder = LocalExecutorBuilder::new(placement)
             .blocking_thread_pool_placement(pool)
             .name(&format!("kaas-shard-{id}"))
@@ -411,6 +448,8 @@ async fn run_shard(
         if ticks.is_multiple_of(PUBLISH_EVERY_TICKS) {
             shard.publish_for_metrics();
         }
+        // Deleted segments whose file a send was still reading at their revocation.
+        kaas_storage::resident::release_revoked();
     }
     drop(acceptor);
     probe.listener_bound.store(false, Ordering::SeqCst);

@@ -42,6 +42,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::RawFd;
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use bytes::Bytes;
@@ -98,7 +99,8 @@ thread_local! {
 /// copy), with `keep_open`, a handle that keeps the descriptor open. No `sendfile` starts from
 /// the descriptor afterwards. One running on another thread (it holds the read lock) is not
 /// waited for — it may be reading from disk, and this thread serves other partitions — the
-/// handle is kept instead, and released by a later call on this thread once that send ended.
+/// handle is kept instead, and released once that send ended by a later call here or by
+/// [`release_revoked`], which the shard calls every tick.
 pub fn revoke(fd: &SendableFd, keep_open: Box<dyn std::any::Any>) {
     let _ = PENDING.try_with(|pending| {
         let mut pending = pending.borrow_mut();
@@ -107,6 +109,43 @@ pub fn revoke(fd: &SendableFd, keep_open: Box<dyn std::any::Any>) {
             pending.push((fd.clone(), keep_open));
         }
     });
+}
+
+/// Completes the revocations on this thread whose `sendfile` has ended, closing the files they
+/// kept open; returns how many are still waiting. Without it a deleted segment that a cold
+/// read held at its revocation (a blocking-thread `sendfile` of history holds the lock for
+/// the disk's time, and history is what retention deletes) kept its descriptor, and its disk
+/// space, until the next revocation on the shard — hours on a quiet one.
+pub fn release_revoked() -> usize {
+    PENDING
+        .try_with(|pending| {
+            let mut pending = pending.borrow_mut();
+            pending.retain(|(fd, _)| !try_revoke(fd));
+            pending.len()
+        })
+        .unwrap_or(0)
+}
+
+/// Cold reads (a `sendfile` or `pread` that waits for the disk) a shard runs on its blocking
+/// threads at once. The group commit's syncs and directory fsyncs share those threads, which
+/// take jobs first come first served: with no bound, one fetch of many cold partitions, or
+/// many consumers catching up at once, queued enough reads ahead of a sync to stall acks=all
+/// produce for seconds. A shard has more blocking threads than this (`kaas_shard`'s
+/// `BLOCKING_THREADS`), so a sync always finds one free.
+pub const COLD_READS_IN_FLIGHT: usize = 2;
+
+/// Runs `read`, a call that waits for the disk, on this shard's blocking threads, with at
+/// most [`COLD_READS_IN_FLIGHT`] such calls queued or running at once; the rest wait here, on
+/// the shard, where waiting costs nothing. For the shard's thread (a glommio executor).
+pub async fn off_shard<R: Send + 'static>(read: impl FnOnce() -> R + Send + 'static) -> R {
+    thread_local! {
+        static SLOTS: Rc<glommio::sync::Semaphore> =
+            Rc::new(glommio::sync::Semaphore::new(COLD_READS_IN_FLIGHT as u64));
+    }
+    let slots = SLOTS.with(Rc::clone);
+    // The semaphore is never closed, so the permit always comes.
+    let _slot = slots.acquire_permit(1).await.expect("never closed");
+    glommio::executor().spawn_blocking(read).await
 }
 
 /// Sets the descriptor to `None` unless a `sendfile` holds the read lock.
@@ -131,7 +170,8 @@ fn lock_mappings() -> std::sync::MutexGuard<'static, BTreeMap<usize, (usize, Sen
 /// holds its file open, runs `f(fd, offset)`, where the file's bytes `[offset, offset + len)`
 /// are `bytes`, with the descriptor guaranteed open until `f` returns. `None` otherwise (the
 /// caller copies `bytes`, which are valid either way). `f` should make one system call: while
-/// it runs, the segment's descriptor cannot be released.
+/// it runs, the segment's descriptor cannot be released (its revocation waits for
+/// [`release_revoked`]).
 pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> Option<R> {
     let addr = bytes.as_ptr() as usize;
     let (offset, sendable) = {
@@ -150,7 +190,9 @@ pub fn with_file_backing<R>(bytes: &Bytes, f: impl FnOnce(RawFd, u64) -> R) -> O
 /// with `sendfile` will not wait for the disk. For a file mapping `mincore` answers from the
 /// page cache whether or not this process has the pages mapped, and it faults nothing in.
 /// False when the answer is unknown (the call failed), so that the caller takes the path that
-/// cannot block its thread.
+/// cannot block its thread. Since Linux 5.2 the answer is real only for a file this process
+/// owns or may write (for any other, every page is said to be cached, and cold reads would
+/// run on the shard again); a broker's segments are files it wrote, under its own user.
 pub fn in_page_cache(bytes: &[u8]) -> bool {
     if bytes.is_empty() {
         return true;
@@ -394,7 +436,7 @@ mod tests {
         );
 
         // A send in progress on another thread: the revocation keeps the file open instead
-        // of waiting, and completes at this thread's next revocation.
+        // of waiting, and completes at this thread's next tick once the send ended.
         let reader = {
             let fd = fd.clone();
             let (held, release) = (
@@ -417,9 +459,11 @@ mod tests {
             2,
             "kept open while the send runs"
         );
+        assert_eq!(release_revoked(), 1, "the send still runs");
+        assert_eq!(std::rc::Rc::strong_count(&kept), 2);
         reader.1.wait();
         reader.0.join().unwrap();
-        revoke(&sendable(-1), Box::new(()));
+        assert_eq!(release_revoked(), 0);
         assert_eq!(
             std::rc::Rc::strong_count(&kept),
             1,

@@ -3,8 +3,10 @@
 
 use super::*;
 
-/// The longest span of batch headers `PartitionLog::read` brings into the page cache before
-/// reading (with the default `index.interval.bytes` of 4 KiB a span is a few KiB).
+/// The longest span of batch headers `PartitionLog::read` reads into the page cache whole
+/// before reading (with the default `index.interval.bytes` of 4 KiB a span is a few KiB). A
+/// longer one — a batch of a MiB or more, or sparse marks — is walked header by header
+/// instead, so that only the pages the lookup reads are read.
 const HEADER_PREFETCH_MAX_BYTES: u64 = 1 << 20;
 
 impl PartitionLog {
@@ -48,11 +50,10 @@ impl PartitionLog {
     /// consumer reading history stalled acks=1 produce for seconds on a slow volume). The
     /// index names beforehand where the lookups read ([`BatchIndex::find_span`],
     /// [`BatchIndex::end_span`]); the record sets themselves are sent with `sendfile`, which
-    /// reads them off the shard as well (`shard::conn`). A span longer than
-    /// `HEADER_PREFETCH_MAX_BYTES` (sparse marks: a large `index.interval.bytes`) is left to
-    /// the fault, as is a page evicted again in between.
+    /// reads them off the shard as well (`shard::conn`). A page evicted again in between is
+    /// left to the fault.
     async fn headers_into_cache(&self, offset: i64, max_bytes: usize, bound: i64) {
-        let cold: Vec<Bytes> = {
+        let (cold, long): (Vec<Bytes>, Vec<Bytes>) = {
             let st = self.state.borrow();
             let hw = bound.min(st.log_end_offset);
             if offset < st.log_start_offset || offset >= hw {
@@ -84,17 +85,29 @@ impl PartitionLog {
             if seg.index.last().is_some_and(|l| l.last_offset >= hw) {
                 spans.extend(seg.index.find_span(hw, len));
             }
-            spans
+            // A long span is walked off the shard whether or not it is cached: asking the
+            // page cache about all of it would cost more than the walk.
+            let (short, long): (Vec<_>, Vec<_>) = spans
                 .into_iter()
-                .filter(|r| !r.is_empty() && r.end - r.start <= HEADER_PREFETCH_MAX_BYTES)
+                .filter(|r| !r.is_empty())
                 .map(|r| data.slice(r.start as usize..r.end as usize))
+                .partition(|b| b.len() as u64 <= HEADER_PREFETCH_MAX_BYTES);
+            let cold = short
+                .into_iter()
                 .filter(|b| !crate::resident::in_page_cache(b))
-                .collect()
+                .collect();
+            (cold, long)
         };
-        if !cold.is_empty() {
-            glommio::executor()
-                .spawn_blocking(move || cold.iter().for_each(crate::resident::read_into_cache))
-                .await;
+        if !cold.is_empty() || !long.is_empty() {
+            crate::resident::off_shard(move || {
+                cold.iter().for_each(crate::resident::read_into_cache);
+                // Every span starts at a batch (a mark): reading each header through the
+                // mapping here faults its page in on this thread, not the shard's.
+                for span in &long {
+                    crate::index::scan(span, 0, |e| std::hint::black_box(e).len == 0);
+                }
+            })
+            .await;
         }
     }
 
