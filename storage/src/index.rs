@@ -208,10 +208,9 @@ impl BatchIndex {
     /// is read whatever the fetch size.
     pub fn end_within(&self, segment: &[u8], first_end: u64, limit: u64) -> u64 {
         let limit = limit.min(segment.len() as u64);
-        let i = self.marks.partition_point(|m| (m.position as u64) <= limit);
-        let mut end = i
-            .checked_sub(1)
-            .map_or(first_end, |i| first_end.max(self.marks[i].position as u64));
+        let mut end = self
+            .last_mark_at_or_below(limit)
+            .map_or(first_end, |mark| first_end.max(mark));
         // Every batch before a mark ends at or before it, so all up to `end` are whole; walk
         // the length fields from there. A batch starting within LOG_OVERHEAD of the limit
         // cannot fit, so its length is not read (`end_span` relies on it).
@@ -228,9 +227,15 @@ impl BatchIndex {
         }
         end
     }
-}
 
-impl BatchIndex {
+    /// The position of the last mark at or below byte `position`, if any.
+    fn last_mark_at_or_below(&self, position: u64) -> Option<u64> {
+        let i = self
+            .marks
+            .partition_point(|m| (m.position as u64) <= position);
+        i.checked_sub(1).map(|i| self.marks[i].position as u64)
+    }
+
     /// The bytes of a segment of `len` bytes that [`Self::find`] reads for `offset`: from the
     /// last mark at or before it to the end of the header of the batch at the next mark (the
     /// batch holding `offset` starts at that mark or before it). `None` when the index alone
@@ -255,10 +260,7 @@ impl BatchIndex {
     pub fn end_span(&self, found: &Range<u64>, max_bytes: u64, len: u64) -> Range<u64> {
         let low = found.start.saturating_add(max_bytes).min(len);
         let high = found.end.saturating_add(max_bytes).min(len);
-        let j = self.marks.partition_point(|m| (m.position as u64) <= low);
-        let mark = j
-            .checked_sub(1)
-            .map_or(0, |j| self.marks[j].position as u64);
+        let mark = self.last_mark_at_or_below(low).unwrap_or(0);
         found.start.max(mark).min(high)..high
     }
 }
@@ -604,11 +606,10 @@ mod tests {
     #[test]
     fn lookups_read_only_the_spans_the_index_names() {
         let (segment, dense, next) = sample_segment();
-        let base = BASE;
+        let len = segment.len() as u64;
         for interval in MARK_DISTANCES {
             let idx = indexed(&dense, interval);
-            let len = segment.len() as u64;
-            for offset in (base - 2..next + 2).step_by(11) {
+            for offset in (BASE - 2..next + 2).step_by(11) {
                 let Some(found) = idx.find_span(offset, len) else {
                     assert_eq!(idx.find(&segment, offset), None, "offset {offset}");
                     continue;

@@ -889,11 +889,7 @@ fn first_page_cached(path: &std::path::Path) -> bool {
     let file = std::fs::File::open(path).unwrap();
     // SAFETY: a read-only mapping of a file nothing writes during the test.
     let map = unsafe { memmap2::MmapOptions::new().len(4096).map(&file) }.unwrap();
-    let mut vec = [0u8; 1];
-    // SAFETY: the mapping is page-aligned and one page long; `vec` holds one entry.
-    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, 4096, vec.as_mut_ptr()) };
-    assert_eq!(rc, 0);
-    vec[0] & 1 == 1
+    kaas_storage::resident::in_page_cache(&map)
 }
 
 // Proves: reading history that is not in the page cache takes no major page fault on the

@@ -59,22 +59,11 @@ impl PartitionLog {
             if offset < st.log_start_offset || offset >= hw {
                 return;
             }
-            let si = st
-                .segments
-                .partition_point(|s| s.base_offset <= offset)
-                .saturating_sub(1);
-            let last = st.segments.len() - 1;
             // The segment `read_below` reads first (a later one only after a compacted gap).
-            let Some((k, seg)) = st
-                .segments
-                .iter()
-                .enumerate()
-                .skip(si)
-                .find(|(_, s)| s.index.last().is_some_and(|l| l.last_offset >= offset))
-            else {
+            let Some((seg, sealed)) = st.segments_from(offset).next() else {
                 return;
             };
-            let Ok(Some(data)) = seg.data(k < last) else {
+            let Ok(Some(data)) = seg.data(sealed) else {
                 return;
             };
             let len = data.len() as u64;
@@ -135,18 +124,8 @@ impl PartitionLog {
         if offset >= hw {
             return Ok(outcome(Bytes::new()));
         }
-        let si = st
-            .segments
-            .partition_point(|s| s.base_offset <= offset)
-            .saturating_sub(1);
-        let last = st.segments.len() - 1;
-        // The first segment with a batch ending at or after `offset` (compaction can leave a
-        // segment's tail, or a whole segment, without the offsets its name suggests).
-        for (k, seg) in st.segments.iter().enumerate().skip(si) {
-            if seg.index.last().is_none_or(|l| l.last_offset < offset) {
-                continue;
-            }
-            let Some(data) = seg.data(k < last)? else {
+        for (seg, sealed) in st.segments_from(offset) {
+            let Some(data) = seg.data(sealed)? else {
                 continue;
             };
             let Some(first) = seg.index.find(&data, offset) else {
@@ -313,4 +292,23 @@ pub(super) fn map_prefix(path: &Path, len: u64) -> Result<Option<Bytes>, Storage
     let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
         .map_err(|e| StorageError::io("mapping segment", path, e))?;
     Ok(Some(Bytes::from_owner(map)))
+}
+
+impl State {
+    /// The segments that may hold `offset`, in order, each with whether it is sealed: from the
+    /// one whose base is at or below it, those with a batch ending at or after it (compaction
+    /// can leave a segment's tail, or a whole segment, without the offsets its name suggests).
+    fn segments_from(&self, offset: i64) -> impl Iterator<Item = (&Segment, bool)> {
+        let first = self
+            .segments
+            .partition_point(|s| s.base_offset <= offset)
+            .saturating_sub(1);
+        let last = self.segments.len() - 1;
+        self.segments
+            .iter()
+            .enumerate()
+            .skip(first)
+            .filter(move |(_, s)| s.index.last().is_some_and(|l| l.last_offset >= offset))
+            .map(move |(k, s)| (s, k < last))
+    }
 }
