@@ -82,18 +82,24 @@ fn allowed_cpus() -> Vec<usize> {
     cpus
 }
 
-/// Where shard `id`'s blocking threads run, of `cpus` (the allowed CPUs): with CPUs to spare
-/// beyond the pinned shards, on those — a cold read's copy then takes no shard's time; with
-/// every allowed CPU a shard's, on the shard's own, so that its disk work takes from no other
-/// shard; with shards not pinned, where the OS puts them.
-fn blocking_pool(cpus: &[usize], nshards: usize, id: usize) -> PoolPlacement {
+/// Where shard `id`'s blocking threads run, of `cpus` (the allowed CPUs; `online` is the
+/// machine's, read once for all shards): with CPUs to spare beyond the pinned shards, on
+/// those — a cold read's copy then takes no shard's time; with every allowed CPU a shard's, on
+/// the shard's own, so that its disk work takes from no other shard; with shards not pinned,
+/// where the OS puts them.
+fn blocking_pool(
+    online: Option<&CpuSet>,
+    cpus: &[usize],
+    nshards: usize,
+    id: usize,
+) -> PoolPlacement {
     let own: &[usize] = match nshards.cmp(&cpus.len()) {
         std::cmp::Ordering::Less => &cpus[nshards..],
         std::cmp::Ordering::Equal => &cpus[id..=id],
         std::cmp::Ordering::Greater => return PoolPlacement::Unbound(BLOCKING_THREADS),
     };
-    match CpuSet::online().map(|set| set.filter(|l| own.contains(&l.cpu))) {
-        Ok(set) if !set.is_empty() => PoolPlacement::Fenced(BLOCKING_THREADS, set),
+    match online.map(|set| set.clone().filter(|l| own.contains(&l.cpu))) {
+        Some(set) if !set.is_empty() => PoolPlacement::Fenced(BLOCKING_THREADS, set),
         _ => PoolPlacement::Unbound(BLOCKING_THREADS),
     }
 }
@@ -179,6 +185,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
     let shutdown = Arc::new(AtomicBool::new(false));
     let mut mesh: Mesh<Shard> = Mesh::new(nshards);
     let cpus = allowed_cpus();
+    let online = CpuSet::online().ok();
     let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::new();
     let mut control = Vec::new();
@@ -204,7 +211,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
                 tx: Some(ready_tx.clone()),
             },
         );
-        let pool = blocking_pool(&cpus, nshards, id);
+        let pool = blocking_pool(online.as_ref(), &cpus, nshards, id);
         let builder = LocalExecutorBuilder::new(placement)
             .blocking_thread_pool_placement(pool)
             .name(&format!("kaas-shard-{id}"))

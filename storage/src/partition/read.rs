@@ -90,10 +90,15 @@ impl PartitionLog {
         if !cold.is_empty() || !long.is_empty() {
             crate::resident::off_shard(move || {
                 cold.iter().for_each(crate::resident::read_into_cache);
-                // Every span starts at a batch (a mark): reading each header through the
-                // mapping here faults its page in on this thread, not the shard's.
+                // Every span starts at a batch (a mark): walking its headers to the end reads
+                // each through the mapping, faulting its page in on this thread, not the
+                // shard's. `black_box` keeps the optimizer from dropping a walk whose result
+                // nobody uses.
                 for span in &long {
-                    crate::index::scan(span, 0, |e| std::hint::black_box(e).len == 0);
+                    crate::index::scan(span, 0, |e| {
+                        std::hint::black_box(e);
+                        false
+                    });
                 }
             })
             .await;
