@@ -371,3 +371,60 @@ def test_more_partitions_than_file_descriptors(broker_factory):
     assert evicted > 0, "5,000 logs at a budget below that: some must have been closed"
     assert not unanswered, unanswered[:5]
     assert emfile == 0, "the broker ran out of file descriptors"
+
+
+def test_segments_that_roll_on_every_batch_cannot_exhaust_descriptors(broker_factory):
+    """segment.bytes below Kafka 4's 1 MiB minimum is refused as Kafka refuses it (100-byte
+    segments once ran a broker out of file descriptors in a minute: each segment holds one
+    while its log is open). segment.ms=1 is legal and rolls on every batch: past its share of
+    --max-open-log-files the partition's active segment grows instead, said once in the log,
+    and every record is read back in order, before and after a restart."""
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource, NewTopic)
+    from kcheck import create_topic
+    b = broker_factory(shards=1, extra_args=["--max-open-log-files", "64"])
+    a = AdminClient({"bootstrap.servers": b.bootstrap})
+    with pytest.raises(Exception) as refused:
+        a.create_topics([NewTopic("tiny", 1, 1, config={"segment.bytes": "100"})])["tiny"].result(15)
+    assert "INVALID_CONFIG" in str(refused.value) and "1048576" in str(refused.value), refused.value
+    create_topic(b.bootstrap, "rolls", 1, {"segment.ms": "1"})
+    resource_ = ConfigResource("topic", "rolls", incremental_configs=[
+        ConfigEntry("segment.bytes", "100", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(Exception) as refused:
+        a.incremental_alter_configs([resource_])[resource_].result(15)
+    assert "1048576" in str(refused.value), refused.value
+
+    n = 400
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 0})
+    for i in range(n):
+        p.produce("rolls", value=f"r-{i:05d}".encode(), partition=0)
+        assert p.flush(15) == 0  # one batch per request
+        time.sleep(0.002)  # older than segment.ms=1 by the next batch
+
+    def read_back() -> list[bytes]:
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "rolls-check",
+                      "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        try:
+            c.assign([TopicPartition("rolls", 0, 0)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 60
+            while len(got) < n and time.monotonic() < deadline:
+                for m in c.consume(1000, 1.0):
+                    assert not m.error(), m.error()
+                    got.append(m.value())
+            return got
+        finally:
+            c.close()
+
+    want = [f"r-{i:05d}".encode() for i in range(n)]
+    assert read_back() == want
+    [pdir] = [d for d in b.data_dir.iterdir() if d.name.startswith("rolls~")]
+    segments = len(list((pdir / "0").glob("*.log")))
+    log = b.log_path.read_text(errors="replace")
+    said = log.count("as many segment files as one log may hold open")
+    print(f"\n{n} batches at segment.ms=1, --max-open-log-files 64: {segments} segment files")
+    assert segments == 32, f"{segments} segment files: one log may hold half the shard's 64"
+    assert said == 1, f"the cap was reported {said} times"
+    assert "Too many open files" not in log
+    b.restart()
+    assert read_back() == want

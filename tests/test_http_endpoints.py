@@ -174,9 +174,9 @@ def test_storage_metrics_follow_group_commit_rolls_retention_and_compaction(brok
     b = broker_factory(extra_args=["--retention-check-interval-ms", "200"])
     before = totals(b)
     assert before["kaas_log_syncs_total"] == 0 and before["kaas_log_segment_rolls_total"] == 0
-    create_topic(b.bootstrap, "retained", 1, {"segment.bytes": "20000", "retention.bytes": "60000"})
+    create_topic(b.bootstrap, "retained", 1, {"internal.segment.bytes": "20000", "retention.bytes": "60000"})
     create_topic(b.bootstrap, "compacted", 1, {
-        "cleanup.policy": "compact", "segment.bytes": "4096", "min.compaction.lag.ms": "0",
+        "cleanup.policy": "compact", "internal.segment.bytes": "4096", "min.compaction.lag.ms": "0",
         "min.cleanable.dirty.ratio": "0.01"})
     # Small batches, so that segments fill one batch at a time and roll many times.
     p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 2,

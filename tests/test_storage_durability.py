@@ -175,7 +175,7 @@ def test_retention_by_size_deletes_old_segments(broker_factory):
     the log start offset moves forward; the newest records stay readable."""
     broker = broker_factory(extra_args=["--retention-check-interval-ms", "200"])
     topic = "retained"
-    create_topic(broker.bootstrap, topic, 1, {"segment.bytes": "20000", "retention.bytes": "60000"})
+    create_topic(broker.bootstrap, topic, 1, {"internal.segment.bytes": "20000", "retention.bytes": "60000"})
     p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0, "batch.num.messages": 10})
     for i in range(2000):
         p.produce(topic, value=f"{i:05d}".encode() * 20)
@@ -238,7 +238,7 @@ def test_compaction_keeps_latest_value_per_key(broker_factory):
     broker = broker_factory(extra_args=["--retention-check-interval-ms", "200"])
     topic = "compacted"
     create_topic(broker.bootstrap, topic, 1, {
-        "cleanup.policy": "compact", "segment.bytes": "4096", "delete.retention.ms": "0",
+        "cleanup.policy": "compact", "internal.segment.bytes": "4096", "delete.retention.ms": "0",
         "min.compaction.lag.ms": "0"})
     p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0, "batch.num.messages": 1})
     keys = [f"key-{k}" for k in range(20)]

@@ -510,10 +510,12 @@ impl Shard {
     }
 
     /// The log engine settings of a topic's partitions: its configs over the broker's dynamic
-    /// defaults, and the broker's sync scope.
+    /// defaults, and the broker's sync scope. One log may hold half the shard's open-file
+    /// budget in segments, so a partition rolling on every batch leaves the rest to the others.
     fn log_config(&self, topic: &TopicMeta) -> kaas_storage::LogConfig {
         kaas_storage::LogConfig {
             sync_scope: self.config.sync_scope,
+            max_segments: (self.config.open_log_files_per_shard / 2).max(8),
             ..topic_config::log_config(&topic.configs, &self.catalog.effective_broker_configs())
         }
     }

@@ -26,6 +26,20 @@ async fn open_default(path: std::path::PathBuf) -> Rc<PartitionLog> {
         .unwrap()
 }
 
+/// How many segment (`.log`) files the partition directory holds.
+fn segment_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "log")
+        })
+        .count()
+}
+
 async fn append(log: &Rc<PartitionLog>, bytes: &[u8]) -> AppendOutcome {
     let headers = verify_produced_record_set(bytes).unwrap();
     let out = log.append(bytes, &headers, LeaderEpoch(0)).await.unwrap();
@@ -147,16 +161,7 @@ fn roll_and_delete_records() {
         for i in 0..20u8 {
             append(&log, &batch(BatchSpec::default(), &[&[i; 50]])).await;
         }
-        let segs = std::fs::read_dir(&path)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "log")
-            })
-            .count();
+        let segs = segment_files(&path);
         assert!(segs >= 10, "expected many segments, got {segs}");
         let mut off = 0;
         while off < 20 {
@@ -168,6 +173,60 @@ fn roll_and_delete_records() {
         assert_eq!(log.delete_records_before(15).await.unwrap(), 15);
         assert!(log.read(3, 100).await.is_err());
         assert_eq!(log.log_start_offset(), 15);
+    });
+}
+
+// A log at `max_segments` stops rolling for segment.bytes: the active segment grows instead,
+// so a partition rolling on every batch cannot take every file descriptor (100-byte segments
+// ran a broker out of them within a minute). Every batch stays readable in order, a reopen
+// finds them all, and rolling resumes once the cap is raised.
+#[test]
+fn segment_count_stops_at_max_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let cfg = LogConfig {
+            segment_bytes: 1, // every append would roll
+            max_segments: 5,
+            ..LogConfig::default()
+        };
+        let log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        for i in 0..40u8 {
+            append(&log, &batch(BatchSpec::default(), &[&[i; 50]])).await;
+        }
+        assert_eq!(segment_files(&path), 5);
+        assert_eq!(log.open_files(), 5);
+        let read_all = |log: Rc<PartitionLog>| async move {
+            let mut off = 0;
+            let mut firsts = Vec::new();
+            while off < 40 {
+                let r = log.read(off, 1 << 20).await.unwrap();
+                for h in verify_produced_record_set(&r.records).unwrap() {
+                    assert_eq!(h.base_offset, off, "batches in offset order, none missing");
+                    firsts.push(off);
+                    off = h.last_offset() + 1;
+                }
+            }
+            firsts
+        };
+        assert_eq!(read_all(log.clone()).await, (0..40).collect::<Vec<i64>>());
+        log.close().await.unwrap();
+        drop(log);
+
+        let log = PartitionLog::open(path.clone(), cfg.clone(), LeaderEpoch(0))
+            .await
+            .unwrap();
+        assert_eq!(read_all(log.clone()).await, (0..40).collect::<Vec<i64>>());
+        log.set_config(LogConfig {
+            max_segments: 8,
+            ..cfg
+        });
+        for i in 0..10u8 {
+            append(&log, &batch(BatchSpec::default(), &[&[i; 50]])).await;
+        }
+        assert_eq!(segment_files(&path), 8, "rolls resume up to the new cap");
     });
 }
 

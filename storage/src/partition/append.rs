@@ -323,14 +323,25 @@ impl PartitionLog {
             let seg = st.segments.last().expect("active segment");
             // Past 4 GiB or 2^31 offsets the index's 32-bit relative marks would not fit (a
             // batch adds fewer than 2^31 offsets, so the segment stays under 2^32).
-            let full = seg.size > 0
-                && (seg.size + incoming > cfg.segment_bytes.min(u32::MAX as u64)
-                    || st.log_end_offset - seg.base_offset > i32::MAX as i64);
-            let old =
-                seg.size > 0 && seg.opened_at.elapsed() > Duration::from_millis(cfg.segment_ms);
+            let at_limit = seg.size > 0
+                && (seg.size + incoming > u64::from(u32::MAX)
+                    || st.log_end_offset - seg.base_offset > i64::from(i32::MAX));
+            let configured = seg.size > 0
+                && (seg.size + incoming > cfg.segment_bytes
+                    || seg.opened_at.elapsed() > Duration::from_millis(cfg.segment_ms));
             let epoch_changed = seg.epoch < st.epoch;
+            let capped = configured && st.segments.len() >= cfg.max_segments;
+            if capped && !self.segment_cap_reported.replace(true) {
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    segments = st.segments.len(),
+                    segment_bytes = cfg.segment_bytes,
+                    segment_ms = cfg.segment_ms,
+                    "partition has as many segment files as one log may hold open (a share of --max-open-log-files): its active segment grows past segment.bytes/segment.ms until retention or compaction removes old segments; raise segment.bytes or segment.ms for this topic"
+                );
+            }
             (
-                full || old || epoch_changed,
+                at_limit || epoch_changed || (configured && !capped),
                 epoch_changed,
                 seg.file().clone(),
                 seg.path.clone(),

@@ -81,6 +81,12 @@ pub struct LogConfig {
     /// What one group-commit sync covers: this partition's file, or the whole filesystem
     /// (one `syncfs` for every partition of the shard; see `crate::fs_sync`).
     pub sync_scope: SyncScope,
+    /// The most segments the log rolls to for `segment.bytes` and `segment.ms`. Each segment
+    /// holds a file descriptor while the log is open, so one partition rolling on every batch
+    /// (`segment.ms=1`) would take them all; past this many the active segment grows instead,
+    /// until retention or compaction removes old ones. Rolls the log needs for itself (a new
+    /// leader epoch, a segment at its 4 GiB or 2^31-offset limit) happen regardless.
+    pub max_segments: usize,
 }
 
 impl Default for LogConfig {
@@ -100,6 +106,7 @@ impl Default for LogConfig {
             flush_messages: u64::MAX,
             fsync_timeout_ms: 30_000,
             sync_scope: SyncScope::default(),
+            max_segments: 10_000,
         }
     }
 }
@@ -215,6 +222,8 @@ pub struct PartitionLog {
     /// semaphore that never has permits: waiting on it ends when it is closed).
     close_started: Cell<bool>,
     close_finished: Semaphore,
+    /// The log has said once that it stopped rolling at `LogConfig::max_segments`.
+    segment_cap_reported: Cell<bool>,
 }
 
 /// Marks a [`PartitionLog::close`] finished however it ends (returned, failed or dropped).

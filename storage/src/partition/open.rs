@@ -211,6 +211,7 @@ impl PartitionLog {
             closed_end: Cell::new(None),
             close_started: Cell::new(false),
             close_finished: Semaphore::new(0),
+            segment_cap_reported: Cell::new(false),
         }))
     }
 }
