@@ -40,6 +40,11 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *   consume BOOTSTRAP TOPIC PARTITIONS OUTFILE
  *       assign() every partition (no group), read from the beginning up to the end offsets;
  *       writes "partition offset key value" per record, and "# end partition offset" lines.
+ *   load    BOOTSTRAP TOPIC PARTITIONS STOPFILE OUTFILE
+ *       A producer with the client's defaults (acks=all, idempotent, 5 requests in flight)
+ *       writing "j-<partition>-<sequence>" round robin over the partitions until STOPFILE
+ *       exists, then flushing; writes "partition offset value" per acknowledged record and
+ *       "E partition value error" per failed one (tests/test_failover_clients.py).
  * Exit code 0 on success, 1 on any error (message on stderr).
  */
 public class KaasClientCheck {
@@ -51,6 +56,7 @@ public class KaasClientCheck {
             case "create": create(args[1], args[2], Integer.parseInt(args[3])); break;
             case "produce": produce(args[1], args[2], Integer.parseInt(args[3]), args[4]); break;
             case "consume": consume(args[1], args[2], Integer.parseInt(args[3]), args[4]); break;
+            case "load": load(args[1], args[2], Integer.parseInt(args[3]), args[4], args[5]); break;
             default: throw new IllegalArgumentException("unknown mode " + args[0]);
         }
     }
@@ -171,5 +177,40 @@ public class KaasClientCheck {
             }
         }
         System.out.printf("consumed %d in %.2fs%n", count, (System.nanoTime() - t0) / 1e9);
+    }
+
+    static void load(String bootstrap, String topic, int partitions, String stopFile, String out)
+            throws Exception {
+        Properties p = new Properties();
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ProducerConfig.CLIENT_ID_CONFIG, "kaas-test-java-load");
+        long[] seq = new long[partitions];
+        long sent = 0;
+        try (BufferedWriter w = Files.newBufferedWriter(Paths.get(out));
+             KafkaProducer<byte[], byte[]> producer =
+                 new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
+            while (!Files.exists(Paths.get(stopFile))) {
+                for (int part = 0; part < partitions; part++) {
+                    final int fp = part;
+                    final String v = "j-" + part + "-" + String.format("%08d", seq[part]++);
+                    producer.send(new ProducerRecord<>(topic, part, null,
+                            v.getBytes(StandardCharsets.UTF_8)), (md, e) -> {
+                        String line = e == null ? fp + " " + md.offset() + " " + v + "\n"
+                                                : "E " + fp + " " + v + " " + e + "\n";
+                        synchronized (w) {
+                            try {
+                                w.write(line);
+                            } catch (IOException io) {
+                                throw new RuntimeException(io);
+                            }
+                        }
+                    });
+                    sent++;
+                }
+                Thread.sleep(10);
+            }
+            producer.flush();
+        }
+        System.out.println("sent " + sent);
     }
 }
