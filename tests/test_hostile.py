@@ -16,6 +16,7 @@ import struct
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -424,7 +425,67 @@ def test_segments_that_roll_on_every_batch_cannot_exhaust_descriptors(broker_fac
     said = log.count("as many segment files as one log may hold open")
     print(f"\n{n} batches at segment.ms=1, --max-open-log-files 64: {segments} segment files")
     assert segments == 32, f"{segments} segment files: one log may hold half the shard's 64"
+    time.sleep(1.5)  # /healthz is published every second
+    with urllib.request.urlopen(b.health_url + "/healthz", timeout=5) as r:
+        reported = __import__("json").loads(r.read())["limits"]["log_files_open"]
+    assert reported == 32, f"/healthz counts {reported} open segment files, not the 32 rolls made"
     assert said == 1, f"the cap was reported {said} times"
     assert "Too many open files" not in log
     b.restart()
     assert read_back() == want
+
+
+def test_partitions_that_grow_by_rolling_are_brought_back_within_the_budget(broker_factory):
+    """Eight partitions rolling on every batch (segment.ms=1) grow to 32 segment files each
+    under --max-open-log-files 64 on one shard: 256 open, four times the budget. Opening a log
+    makes room only for what it opens, so the periodic pass closes idle logs until the shard
+    is within its budget again; `/healthz` counts the files rolls added, and every record is
+    read back in order (closed logs reopen)."""
+    import json
+    from kcheck import create_topic
+    b = broker_factory(shards=1, extra_args=["--max-open-log-files", "64",
+                                             "--retention-check-interval-ms", "500"])
+    create_topic(b.bootstrap, "rolls8", 8, {"segment.ms": "1"})
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 0})
+    rounds = 40
+    for i in range(rounds):
+        for part in range(8):
+            p.produce("rolls8", value=f"{part}-{i:04d}".encode(), partition=part)
+        assert p.flush(15) == 0  # one batch per partition per round
+        time.sleep(0.002)
+    limits = lambda: json.loads(urllib.request.urlopen(b.health_url + "/healthz", timeout=5).read())["limits"]  # noqa: E731
+    on_disk = sum(len(list((d / str(part)).glob("*.log")))
+                  for d in b.data_dir.iterdir() if d.name.startswith("rolls8~") for part in range(8))
+
+    def segment_fds() -> int:  # what the process really holds, whatever it reports
+        n = 0
+        for fd in Path(f"/proc/{b.proc.pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            n += "/rolls8~" in target and target.endswith(".log")
+        return n
+    before = (segment_fds(), limits()["log_files_open"])
+    deadline = time.monotonic() + 20
+    while (segment_fds() > 64 or limits()["log_files_open"] > 64) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    now = limits()
+    print(f"\n8 partitions at segment.ms=1: {on_disk} segment files on disk; right after producing"
+          f" {before[0]} open, reported {before[1]}; then {segment_fds()} open, reported"
+          f" {now['log_files_open']} (budget {now['max_open_log_files']})")
+    assert on_disk == 8 * 32, on_disk
+    assert segment_fds() <= 64 and now["log_files_open"] <= 64, (segment_fds(), now)
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "rolls8-check",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    got: dict[int, list[bytes]] = {part: [] for part in range(8)}
+    try:
+        c.assign([TopicPartition("rolls8", part, 0) for part in range(8)])
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < 8 * rounds and time.monotonic() < deadline:
+            for m in c.consume(1000, 1.0):
+                assert not m.error(), m.error()
+                got[m.partition()].append(m.value())
+    finally:
+        c.close()
+    assert got == {part: [f"{part}-{i:04d}".encode() for i in range(rounds)] for part in range(8)}

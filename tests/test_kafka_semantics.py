@@ -11,14 +11,15 @@ import pytest
 from kcheck import admin, create_topic, rdkafka_consumer, unique_topic
 
 
-def produce_one(bootstrap: str, topic: str, key, value: bytes, **conf):
-    """Produces one record and returns the delivery error (None when stored) and message."""
+def produce_one(bootstrap: str, topic: str, key, value: bytes, timestamp: int = 0, **conf):
+    """Produces one record (with CreateTime `timestamp` in ms, or the client's clock when 0)
+    and returns the delivery error (None when stored) and message."""
     from confluent_kafka import Producer
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "message.timeout.ms": 10000,
                   **conf})
     out = {}
-    p.produce(topic, key=key, value=value, partition=0,
-              on_delivery=lambda err, msg: out.update(err=err, msg=msg), **({}))
+    p.produce(topic, key=key, value=value, partition=0, timestamp=timestamp,
+              on_delivery=lambda err, msg: out.update(err=err, msg=msg))
     assert p.flush(15) == 0, "delivery report never came"
     return out["err"], out["msg"]
 
@@ -147,3 +148,39 @@ def test_transactional_producer_fails_fast_with_a_reason(broker):
     assert "transactions" in err.str(), err.str()
     assert err.fatal() or not err.retriable(), err.str()
     assert elapsed < 10, f"took {elapsed:.1f} s to fail"
+
+
+def test_timestamps_far_ahead_of_the_broker_are_refused(broker):
+    """Kafka 4's message.timestamp.after.max.ms (default one hour): a record stamped two hours
+    ahead of the broker's clock is refused with INVALID_TIMESTAMP and not stored; half an hour
+    ahead and any age behind are stored. A topic's own window applies both ways."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    topic = unique_topic("clock")
+    create_topic(broker.bootstrap, topic, 1)
+    now = int(time.time() * 1000)
+    hour = 3_600_000
+    no_retry = {"enable.idempotence": False, "retries": 0}
+    err, _ = produce_one(broker.bootstrap, topic, b"k", b"ahead", timestamp=now + 2 * hour, **no_retry)
+    assert err is not None and err.code() == KafkaError.INVALID_TIMESTAMP, f"got {err}"
+    err, msg = produce_one(broker.bootstrap, topic, b"k", b"soon", timestamp=now + hour // 2)
+    assert err is None and msg.offset() == 0, f"got {err}; the refused record took no offset"
+    err, msg = produce_one(broker.bootstrap, topic, b"k", b"2001", timestamp=1_000_000_000_000)
+    assert err is None and msg.offset() == 1, f"got {err}"
+
+    res = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("message.timestamp.after.max.ms", str(3 * hour),
+                    incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("message.timestamp.before.max.ms", str(hour),
+                    incremental_operation=AlterConfigOpType.SET)])
+    a = admin(broker.bootstrap)  # held: a destroyed client fails its futures
+    a.incremental_alter_configs([res])[res].result(15)
+    deadline = time.monotonic() + 10
+    while True:  # Kafka applies a config change within moments, not at once
+        err, msg = produce_one(broker.bootstrap, topic, b"k", b"later", timestamp=now + 2 * hour)
+        if err is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert err is None and msg.offset() == 2, f"got {err}"
+    err, _ = produce_one(broker.bootstrap, topic, b"k", b"old", timestamp=now - 2 * hour, **no_retry)
+    assert err is not None and err.code() == KafkaError.INVALID_TIMESTAMP, f"got {err}"

@@ -570,6 +570,9 @@ async fn retention_loop(shard: Rc<Shard>) {
                 glommio::yield_if_needed().await;
             }
         }
+        // Opening makes room only for what it opens: logs that grew by rolling since (up to
+        // `LogConfig::max_segments` each) are brought back within the budget here, once idle.
+        shard.stay_within_open_file_budget().await;
     }
 }
 

@@ -223,8 +223,7 @@ impl Shard {
         // Many take-overs at once open their logs together, before any of them is idle: make
         // room now that this one is open (it reopens on its first use if it is closed).
         drop(log);
-        self.stay_within_open_file_budget((Uuid::nil(), -1), 0)
-            .await;
+        self.stay_within_open_file_budget().await;
         self.serving
             .borrow_mut()
             .entry(topic_name.to_string())
@@ -419,7 +418,7 @@ impl Shard {
         // Room first: the log about to open needs at least one descriptor (and so does every
         // other open under way).
         self.opening_logs.set(self.opening_logs.get() + 1);
-        self.stay_within_open_file_budget(key, self.opening_logs.get())
+        self.make_room_for_open_files(key, self.opening_logs.get())
             .await;
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let opened = PartitionLog::open(dir, self.log_config(topic), epoch).await;
@@ -444,13 +443,19 @@ impl Shard {
         Ok(log)
     }
 
+    /// Closes the least recently used idle logs until the shard's open segment files fit its
+    /// budget.
+    pub async fn stay_within_open_file_budget(&self) {
+        self.make_room_for_open_files((Uuid::nil(), -1), 0).await;
+    }
+
     /// Closes the least recently used idle logs of this shard until their segment files plus
     /// `room` fit the shard's budget (`BrokerConfig::open_log_files_per_shard`). A log is idle
     /// when nothing but the shard holds it (no request, long poll or background pass in it);
     /// `keep` is never closed. Closing syncs and saves the log's index and producer state, so
     /// its next use reopens it without a recovery scan. With more busy logs than the budget
     /// allows, it is exceeded rather than refusing service.
-    async fn stay_within_open_file_budget(&self, keep: (Uuid, i32), room: usize) {
+    async fn make_room_for_open_files(&self, keep: (Uuid, i32), room: usize) {
         let budget = self.config.open_log_files_per_shard;
         loop {
             let (open, victim) = {
@@ -548,6 +553,8 @@ impl Shard {
     /// partitions it leads and the groups it coordinates, and how many series the limit left
     /// out (see [`crate::probe::Published`]).
     pub fn publish_for_metrics(&self) {
+        // Rolls add segment files to open logs between their opens and closes.
+        self.count_open_files();
         let published = &self.probe.published;
         let partitions_omitted = self.publish_partition_offsets();
         let (groups, groups_omitted) = self

@@ -246,9 +246,11 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
     },
     ConfigDef {
         name: "message.timestamp.after.max.ms",
-        default: "9223372036854775807",
+        // Kafka 4's default (KIP-1030): a producer clock an hour ahead is refused, not
+        // stored where it would hold back time-based retention and ListOffsets by time.
+        default: "3600000",
         kind: ConfigType::Long,
-        doc: "Accepted, no effect: kaas does not refuse records by timestamp",
+        doc: "A batch whose newest CreateTime is more than this far ahead of the broker's clock is refused with INVALID_TIMESTAMP",
         one_of: &[],
         min: 0,
     },
@@ -256,7 +258,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         name: "message.timestamp.before.max.ms",
         default: "9223372036854775807",
         kind: ConfigType::Long,
-        doc: "Accepted, no effect: kaas does not refuse records by timestamp",
+        doc: "A batch whose first CreateTime is more than this far behind the broker's clock is refused with INVALID_TIMESTAMP",
         one_of: &[],
         min: 0,
     },
@@ -653,6 +655,9 @@ pub struct ProduceRules {
     pub keys_required: bool,
     /// `message.timestamp.type=LogAppendTime`: the broker stamps its time.
     pub log_append_time: bool,
+    /// With CreateTime, how far (ms) a batch's timestamps may lie behind and ahead of the
+    /// broker's clock (`message.timestamp.before.max.ms`, `message.timestamp.after.max.ms`).
+    pub create_time_window: Option<(i64, i64)>,
 }
 
 /// The produce-time rules of a topic with overrides `topic`, over the broker's defaults.
@@ -667,6 +672,13 @@ pub fn produce_rules(
             .split(',')
             .any(|p| p.trim() == "compact"),
         log_append_time: get("message.timestamp.type") == "LogAppendTime",
+        create_time_window: (get("message.timestamp.type") != "LogAppendTime").then(|| {
+            let ms = |name: &str| get(name).parse::<i64>().unwrap_or(i64::MAX).max(0);
+            (
+                ms("message.timestamp.before.max.ms"),
+                ms("message.timestamp.after.max.ms"),
+            )
+        }),
     }
 }
 
