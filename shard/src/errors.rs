@@ -31,6 +31,9 @@ pub fn catalog(e: &CatalogError) -> i16 {
         CatalogError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
         CatalogError::InvalidConfig(_) => E::InvalidConfig.code(),
         CatalogError::Storage { .. } => E::KafkaStorageError.code(),
+        // Retriable: the name is free again within seconds (auto-creation's answer; CreateTopics
+        // waits instead).
+        CatalogError::NameRecentlyDeleted { .. } => E::UnknownTopicOrPartition.code(),
     }
 }
 

@@ -153,6 +153,10 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         reason: format!("creating data directory {}: {e}", config.data_dir.display()),
     })?;
     let catalog = Arc::new(Catalog::open(&config.data_dir)?);
+    if cluster.enabled() {
+        // Three catalog reloads (src/cluster: one a second) on every other broker.
+        catalog.set_name_reuse_delay(Duration::from_secs(3));
+    }
     // Checked with the same rules when the flags were parsed; set before any shard reads it.
     catalog.set_static_broker_configs(config.static_broker_configs.clone())?;
     let config = Arc::new(config);
@@ -342,7 +346,10 @@ async fn serve_control(shard: Rc<Shard>, inbox: control_channel::ControlReceiver
                 // serving set either way, which is what the handover needs.
                 let _ = done.send(Vec::new());
             }
-            ControlMsg::ConfigsChanged => shard.apply_dynamic_configs(),
+            ControlMsg::ConfigsChanged => {
+                shard.apply_dynamic_configs();
+                shard.close_deleted_topics().await;
+            }
             ControlMsg::ReleaseGroups { done } => {
                 let view = shard.cluster.clone();
                 let me = view.me();

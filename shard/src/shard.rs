@@ -638,6 +638,29 @@ impl Shard {
         }
     }
 
+    /// Closes the open logs of topics the catalog no longer lists: another broker deleted them
+    /// (the broker that handles DeleteTopics closes its own before removing the files).
+    pub async fn close_deleted_topics(&self) {
+        let snapshot = self.catalog.snapshot();
+        let gone: Vec<Uuid> = {
+            let live: std::collections::HashSet<Uuid> =
+                snapshot.topics.values().map(|t| t.id).collect();
+            let mut ids: Vec<Uuid> = self
+                .partitions
+                .borrow()
+                .keys()
+                .map(|(id, _)| *id)
+                .filter(|id| !live.contains(id))
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        for id in gone {
+            self.close_topic(id).await;
+        }
+    }
+
     /// Clean shutdown: every open partition is fsynced and its manifest written.
     pub async fn close_all(&self) {
         let slots: Vec<Rc<PartitionSlot>> = self

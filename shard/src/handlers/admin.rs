@@ -74,9 +74,8 @@ pub async fn create_topics(
                 .check_new_topic(&name, partitions, rf, &configs)
                 .map(|_| None)
         } else {
-            shard
-                .catalog
-                .create_topic(&name, partitions, rf, configs.clone())
+            create_after_name_reuse_delay(shard, &name, partitions, rf, &configs)
+                .await
                 .map(Some)
         };
         let mut r = CreatableTopicResult::default().with_name(t.name.clone());
@@ -194,6 +193,32 @@ pub async fn delete_topics(
         }
     }
     DeleteTopicsResponse::default().with_responses(responses)
+}
+
+/// Creates a topic, first waiting out the name's reuse delay if it was deleted moments ago
+/// (cluster mode; see `Catalog::set_name_reuse_delay`).
+async fn create_after_name_reuse_delay(
+    shard: &Rc<Shard>,
+    name: &str,
+    partitions: i32,
+    rf: i16,
+    configs: &BTreeMap<String, String>,
+) -> Result<Arc<TopicMeta>, CatalogError> {
+    let mut waited = false;
+    loop {
+        match shard
+            .catalog
+            .create_topic(name, partitions, rf, configs.clone())
+        {
+            // Once: the delay is a few seconds, and it runs from the deletion.
+            Err(CatalogError::NameRecentlyDeleted { wait_ms, .. }) if !waited => {
+                waited = true;
+                tracing::info!(topic = %name, wait_ms, "topic name deleted moments ago: creating it once every broker has seen the deletion");
+                glommio::timer::sleep(Duration::from_millis(wait_ms)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Removes a topic from the catalog, closes its partitions on every shard, then deletes its
