@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kcluster import logs_on_failure
 from kcluster import make_cluster  # noqa: F401  (the fixture)
 from test_cluster import LONG, Load, create_topic, read_all
+from test_power_loss import committed
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("KAAS_TEST_BOOTSTRAP")) or os.environ.get("KAAS_TEST_APACHE_KAFKA", "") not in ("", "0"),
@@ -88,15 +89,6 @@ def commit_start(bootstrap: str) -> None:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
     try:
         c.commit(offsets=[TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)], asynchronous=False)
-    finally:
-        c.close()
-
-
-def committed(bootstrap: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
-    try:
-        return {tp.partition: tp.offset for tp in
-                c.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=30)}
     finally:
         c.close()
 
@@ -198,7 +190,7 @@ def test_group_consumes_every_acknowledged_record_through_faults(make_cluster, t
             time.sleep(1)
         got = members.consumed()
         members.stop_all()
-        final = committed(c.bootstrap())
+        final = committed(c.bootstrap(), GROUP, TOPIC, PARTITIONS)
         print(f"group chaos: {len(actions)} faults {actions}; {len(at)} stored, {len(got)} consumed"
               f" ({len(members.files)} member incarnations), committed {final}")
 

@@ -432,13 +432,14 @@ impl Catalog {
         replication_factor: i16,
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<TopicMeta>, CatalogError> {
-        if let Err(CatalogError::TopicExists(_)) =
-            self.check_new_topic(name, partitions, replication_factor, &configs)
-        {
-            // This broker's view may predate another broker's deletion of the name.
-            self.reload()?;
+        match self.check_new_topic(name, partitions, replication_factor, &configs) {
+            Err(CatalogError::TopicExists(_)) => {
+                // This broker's view may predate another broker's deletion of the name.
+                self.reload()?;
+                self.check_new_topic(name, partitions, replication_factor, &configs)?;
+            }
+            checked => checked?,
         }
-        self.check_new_topic(name, partitions, replication_factor, &configs)?;
         let delay = self.name_reuse_delay_ms.load(Ordering::Relaxed);
         self.update(|t| {
             if t.topics.contains_key(name) {

@@ -642,20 +642,13 @@ impl Shard {
     /// (the broker that handles DeleteTopics closes its own before removing the files).
     pub async fn close_deleted_topics(&self) {
         let snapshot = self.catalog.snapshot();
-        let gone: Vec<Uuid> = {
-            let live: std::collections::HashSet<Uuid> =
-                snapshot.topics.values().map(|t| t.id).collect();
-            let mut ids: Vec<Uuid> = self
-                .partitions
-                .borrow()
-                .keys()
-                .map(|(id, _)| *id)
-                .filter(|id| !live.contains(id))
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        };
+        let gone: std::collections::HashSet<Uuid> = self
+            .partitions
+            .borrow()
+            .keys()
+            .map(|(id, _)| *id)
+            .filter(|id| snapshot.by_id(*id).is_none())
+            .collect();
         for id in gone {
             self.close_topic(id).await;
         }

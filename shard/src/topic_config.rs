@@ -666,13 +666,14 @@ pub fn produce_rules(
     broker: &BTreeMap<String, String>,
 ) -> ProduceRules {
     let get = |name: &str| resolve(topic, broker, name).map(|(v, _)| v).unwrap_or("");
+    let log_append_time = get("message.timestamp.type") == "LogAppendTime";
     ProduceRules {
         max_batch_bytes: max_message_bytes(topic, broker),
         keys_required: get("cleanup.policy")
             .split(',')
             .any(|p| p.trim() == "compact"),
-        log_append_time: get("message.timestamp.type") == "LogAppendTime",
-        create_time_window: (get("message.timestamp.type") != "LogAppendTime").then(|| {
+        log_append_time,
+        create_time_window: (!log_append_time).then(|| {
             let ms = |name: &str| get(name).parse::<i64>().unwrap_or(i64::MAX).max(0);
             (
                 ms("message.timestamp.before.max.ms"),
