@@ -501,6 +501,23 @@ impl ClassicGroup {
         }
     }
 
+    /// The coordinator gives the group up (cluster mode: another broker coordinates it now).
+    /// Every JoinGroup and SyncGroup still waiting is answered with `error` (NOT_COORDINATOR),
+    /// as Kafka answers them when it unloads a group: the members find the new coordinator at
+    /// once and rejoin there. Unanswered, they would wait out their rebalance timeout (five
+    /// minutes by default) while the group consumed nothing. The group is dead afterwards.
+    pub fn unload(&mut self, error: &GroupError) {
+        for m in self.members.values_mut() {
+            if let Some(w) = m.join_waiter.take() {
+                let _ = w.send(JoinResult::error(error.clone(), &m.member_id));
+            }
+            if let Some(w) = m.sync_waiter.take() {
+                let _ = w.send(SyncResult::error(error.clone()));
+            }
+        }
+        self.state = ClassicState::Dead;
+    }
+
     fn remove_member_and_rebalance(&mut self, member_id: &str, now: Instant) {
         self.remove_member(member_id);
         match self.state {

@@ -73,6 +73,15 @@ impl GroupKind {
         }
     }
 
+    /// The coordinator gives the group up: requests parked on it are answered with `error`
+    /// ([`ClassicGroup::unload`]); KIP-848 requests never wait on the group.
+    pub fn unload(&mut self, error: &GroupError) {
+        match self {
+            GroupKind::Classic(g) => g.unload(error),
+            GroupKind::Consumer(_) => {}
+        }
+    }
+
     /// Whether `committer` may commit offsets to this group now: a classic member at the
     /// current generation outside a sync ([`ClassicGroup::validate_commit`]), a KIP-848 member
     /// at its epoch or owning the partitions since an older one

@@ -352,3 +352,52 @@ fn subscription_parse() {
         let _ = parse_subscription_topics(&b[..cut]);
     }
 }
+
+// A coordinator that gives its group up answers every JoinGroup and SyncGroup still waiting
+// with NOT_COORDINATOR, so the members rejoin at the new coordinator at once; unanswered, they
+// waited out their rebalance timeout with the group consuming nothing.
+#[test]
+fn unload_answers_parked_requests() {
+    let t0 = Instant::now();
+    let moved = GroupError::NotCoordinator("moved".into());
+
+    // A JoinGroup waiting for a member that has not rejoined yet.
+    let mut g = ClassicGroup::new("g", 0);
+    let (_a, mut ra) = join_new(&mut g, t0, &["range"]);
+    assert!(ready(&mut ra).is_some());
+    let (b, mut rb) = join_new(&mut g, t0, &["range"]);
+    assert!(ready(&mut rb).is_none(), "b waits for a to rejoin");
+    g.unload(&moved);
+    let jb = ready(&mut rb).expect("answered on unload");
+    assert_eq!((jb.error, jb.member_id), (Some(moved.clone()), b));
+    assert_eq!(g.state, ClassicState::Dead);
+
+    // A follower's SyncGroup waiting for the leader's assignment.
+    let mut g = ClassicGroup::new("g", 0);
+    let (a, mut ra) = join_new(&mut g, t0, &["range"]);
+    assert!(ready(&mut ra).is_some());
+    let (b, mut rb) = join_new(&mut g, t0, &["range"]);
+    let mut ra = later(g.join(args(&a, &["range"]), t0, MIN, MAX, &fresh_id));
+    let (ja, jb) = (ready(&mut ra).unwrap(), ready(&mut rb).unwrap());
+    let follower = if ja.leader == a { &b } else { &a };
+    let mut rs = later(g.sync(
+        MemberRef {
+            member_id: follower,
+            instance_id: None,
+            generation: jb.generation,
+        },
+        None,
+        None,
+        vec![],
+        t0,
+    ));
+    assert!(
+        ready(&mut rs).is_none(),
+        "the follower waits for the leader"
+    );
+    g.unload(&moved);
+    assert_eq!(
+        ready(&mut rs).expect("answered on unload").error,
+        Some(moved)
+    );
+}

@@ -253,8 +253,18 @@ impl GroupManager {
             .cloned()
             .collect();
         for gid in gone {
+            // The claim goes first, the lock last: a request arriving while the log closes
+            // finds no claim, fails to take the lock this broker still holds, and is answered
+            // COORDINATOR_LOAD_IN_PROGRESS instead of parking in a group nobody ticks.
+            let lock = self.claims.borrow_mut().remove(&gid);
             let group = self.groups.borrow_mut().remove(&gid);
             if let Some(group) = group {
+                group
+                    .kind
+                    .borrow_mut()
+                    .unload(&GroupError::NotCoordinator(format!(
+                        "this broker no longer coordinates group {gid}; find its coordinator again"
+                    )));
                 let log = group.log.borrow_mut().take();
                 if let Some(log) = log {
                     if let Err(e) = log.close().await {
@@ -262,7 +272,7 @@ impl GroupManager {
                     }
                 }
             }
-            self.claims.borrow_mut().remove(&gid);
+            drop(lock);
             tracing::info!(shard = self.shard_id, group = %gid, "released group to its new coordinator");
         }
     }

@@ -1,0 +1,124 @@
+"""A consumer group whose coordinator moves while a member's JoinGroup waits (cluster mode).
+
+A group is coordinated by the first alive broker from its hash; when its home broker comes
+back, the group moves home from the broker that stood in for it, although that broker is
+alive. JoinGroup and SyncGroup requests parked on the stand-in then must be answered
+NOT_COORDINATOR, as Kafka answers them when it unloads a group, so the members find the home
+broker and rejoin there. The stand-in used to drop the group with the requests still parked:
+no answer until the clients' own timeout (the rebalance timeout, five minutes by default), and
+the whole group consumed nothing meanwhile — the stall test_failover_clients.py's group chaos
+found (14,306 acknowledged records never consumed).
+
+Three real broker processes; the members are raw JoinGroup v5 requests, so the test decides
+exactly which request waits.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+import kwire
+from kcluster import logs_on_failure, make_cluster  # noqa: F401  (the fixture)
+from test_failover_clients import pytestmark  # noqa: F401  (skips when brokers are external)
+
+GROUP = "handover"
+NOT_COORDINATOR, LOAD_IN_PROGRESS, MEMBER_ID_REQUIRED = 16, 14, 79
+
+
+def fnv1a_32(data: bytes) -> int:
+    h = 0x811C9DC5
+    for b in data:
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def subscription(topic: str) -> bytes:
+    """ConsumerProtocolSubscription v0: one topic, no user data."""
+    return struct.pack(">hi", 0, 1) + kwire.string(topic) + struct.pack(">i", -1)
+
+
+def send_join(s: socket.socket, corr: int, member_id: str, session_ms: int) -> None:
+    meta = subscription("t")
+    body = (kwire.string(GROUP) + struct.pack(">ii", session_ms, 300_000)
+            + kwire.string(member_id) + kwire.string(None) + kwire.string("consumer")
+            + struct.pack(">i", 1) + kwire.string("range") + struct.pack(">i", len(meta)) + meta)
+    s.sendall(kwire.request(11, 5, corr, body))
+
+
+def read_join(s: socket.socket, timeout: float) -> tuple[int, int, str]:
+    """(error code, generation, member id) of a JoinGroup v5 response."""
+    s.settimeout(timeout)
+    frame = kwire.recv_frame(s)
+    pos = 4 + 4  # correlation id, throttle time
+    (error, generation) = struct.unpack_from(">hi", frame, pos)
+    pos += 6
+    for _ in range(2):  # protocol name, leader
+        (n,) = struct.unpack_from(">h", frame, pos)
+        pos += 2 + max(n, 0)
+    (n,) = struct.unpack_from(">h", frame, pos)
+    member_id = frame[pos + 2:pos + 2 + n].decode()
+    return error, generation, member_id
+
+
+def connect(node) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def join(node, session_ms: int, within: float = 60.0):
+    """Joins as a new member at `node` (KIP-394: the first answer gives the member id) and
+    returns (socket, member id) with the second JoinGroup sent and not yet answered. Waits
+    (bounded) while `node` does not coordinate the group yet; a refused join leaves no
+    pending member behind to hold up the rebalance."""
+    deadline = time.monotonic() + within
+    while True:
+        s = connect(node)
+        send_join(s, 1, "", session_ms)
+        error, _, member_id = read_join(s, 30)
+        if error == MEMBER_ID_REQUIRED:
+            send_join(s, 2, member_id, session_ms)
+            return s, member_id
+        s.close()
+        assert error in (NOT_COORDINATOR, LOAD_IN_PROGRESS), f"broker {node.id}: JoinGroup error {error}"
+        assert time.monotonic() < deadline, f"broker {node.id} did not coordinate the group in {within}s"
+        time.sleep(0.5)
+
+
+@logs_on_failure
+def test_a_join_waiting_on_a_coordinator_that_hands_the_group_home_is_answered(make_cluster):
+    c = make_cluster(3)
+    c.wait_controller()
+    home = c.nodes[fnv1a_32(GROUP.encode()) % 3]
+    stand_in = c.nodes[(home.id + 1) % 3]
+    home.kill()
+
+    # a joins and forms generation 1; b's join then waits for a, who has a long session and
+    # never rejoins, so nothing but the coordinator moving can answer b soon.
+    sa, _ = join(stand_in, session_ms=120_000)
+    error, generation, _ = read_join(sa, 30)
+    assert (error, generation) == (0, 1)
+    sb, b = join(stand_in, session_ms=120_000)
+    with pytest.raises(socket.timeout):
+        read_join(sb, 1.0)
+
+    home.start()
+    started = time.monotonic()
+    try:
+        error, _, member_id = read_join(sb, 45)
+    except socket.timeout:
+        pytest.fail(f"b's JoinGroup parked on broker {stand_in.id} was not answered within 45 s"
+                    f" of broker {home.id} coming back to coordinate the group")
+    waited = time.monotonic() - started
+    print(f"b answered {error} after {waited:.1f}s")
+    assert (error, member_id) == (NOT_COORDINATOR, b)
+
+    # The home broker serves the group: a new member forms a generation there.
+    sc, _ = join(home, session_ms=30_000)
+    error, generation, _ = read_join(sc, 30)
+    assert error == 0 and generation >= 1
+    for s in (sa, sb, sc):
+        s.close()
