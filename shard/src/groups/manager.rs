@@ -25,8 +25,19 @@ pub struct Group {
     pub offsets: RefCell<OffsetTable>,
     log: RefCell<Option<Rc<OffsetLog>>>,
     log_open: Semaphore,
-    /// Set when DeleteGroups removed the group; later commits through a stale handle fail.
-    deleted: Cell<bool>,
+    /// Set when the group stopped being served here; later commits through a stale handle
+    /// (a request that was already past its checks) fail instead of writing.
+    gone: Cell<Option<Gone>>,
+}
+
+/// Why a handle to a group no longer takes commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    /// DeleteGroups removed it.
+    Deleted,
+    /// Cluster mode: another broker coordinates it now and may have its offset log open; this
+    /// broker must not open or write that log again.
+    Moved,
 }
 
 impl Group {
@@ -37,7 +48,7 @@ impl Group {
             offsets: RefCell::new(offsets),
             log: RefCell::new(log),
             log_open: Semaphore::new(1),
-            deleted: Cell::new(false),
+            gone: Cell::new(None),
         }
     }
 }
@@ -69,6 +80,20 @@ pub struct GroupManager {
     /// How offset commits are made durable: the broker's `--sync-scope`, as for partitions
     /// (a `syncfs` that the data volume does not honour would lose acknowledged commits).
     sync_scope: kaas_storage::SyncScope,
+}
+
+/// Refuses a commit through a handle to a group this shard no longer serves.
+fn refuse_if_gone(group: &Group) -> Result<(), GroupError> {
+    match group.gone.get() {
+        None => Ok(()),
+        Some(Gone::Deleted) => Err(GroupError::CoordinatorNotAvailable(
+            "the group was deleted".into(),
+        )),
+        Some(Gone::Moved) => Err(GroupError::NotCoordinator(format!(
+            "this broker no longer coordinates group {}; find its coordinator again",
+            group.id
+        ))),
+    }
 }
 
 /// The lock file inside a group's directory (cluster mode).
@@ -259,12 +284,16 @@ impl GroupManager {
             let lock = self.claims.borrow_mut().remove(&gid);
             let group = self.groups.borrow_mut().remove(&gid);
             if let Some(group) = group {
+                group.gone.set(Some(Gone::Moved));
                 group
                     .kind
                     .borrow_mut()
                     .unload(&GroupError::NotCoordinator(format!(
                         "this broker no longer coordinates group {gid}; find its coordinator again"
                     )));
+                // A commit opening the group's first log finishes first (one that has not
+                // started sees `gone`): the log it opened is closed here, before the lock goes.
+                let _opening = group.log_open.acquire_permit(1).await;
                 let log = group.log.borrow_mut().take();
                 if let Some(log) = log {
                     if let Err(e) = log.close().await {
@@ -420,6 +449,7 @@ impl GroupManager {
         if let Some(l) = group.log.borrow().as_ref() {
             return Ok(l.clone());
         }
+        refuse_if_gone(group)?;
         let dir = self.root.join(offsets::group_dir_name(&group.id));
         let storage = |e: String| GroupError::Storage(e);
         let root_existed = self.root.exists();
@@ -461,12 +491,9 @@ impl GroupManager {
         if records.is_empty() {
             return Ok(());
         }
-        if group.deleted.get() {
-            return Err(GroupError::CoordinatorNotAvailable(
-                "the group was deleted".into(),
-            ));
-        }
+        refuse_if_gone(group)?;
         let log = self.log_of(group).await?;
+        refuse_if_gone(group)?; // moved while its log was opening
         let apply_to = group.clone();
         let applied = records.clone();
         log.append(&records, move || {
@@ -517,7 +544,7 @@ impl GroupManager {
             return Err(GroupError::NonEmptyGroup);
         }
         self.groups.borrow_mut().remove(group_id);
-        group.deleted.set(true);
+        group.gone.set(Some(Gone::Deleted));
         group.offsets.borrow_mut().clear();
         let log = group.log.borrow_mut().take();
         if let Some(log) = log {
@@ -625,5 +652,60 @@ impl GroupManager {
 
     pub fn known_assignor(&self, name: &str) -> bool {
         assignor::by_name(name, self.config.rack_aware_weights).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::groups::offsets::CommittedOffset;
+
+    fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
+        glommio::LocalExecutorBuilder::default()
+            .io_memory(2 << 20)
+            .spawn(move || async move { f().await })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    fn broker(root: &Path) -> GroupManager {
+        let scope = kaas_storage::SyncScope::File;
+        GroupManager::new(0, 1, root, GroupConfig::default(), true, scope)
+    }
+
+    // A commit through a handle taken before the group moved to another broker (a request
+    // already past its checks) is refused with NOT_COORDINATOR and writes nothing: the new
+    // coordinator may have the group's offset log open. It used to open the log again, without
+    // the group's lock, and append to it.
+    #[test]
+    fn a_group_that_moved_away_takes_no_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        run(move || async move {
+            let old = broker(&root);
+            old.claim("g").await.unwrap();
+            let handle = old.get_or_create("g");
+            old.release_unless(|_| false).await;
+            let commit = OffsetRecord::Commit {
+                topic: "t".into(),
+                partition: 0,
+                value: CommittedOffset {
+                    offset: 7,
+                    leader_epoch: 0,
+                    metadata: String::new(),
+                    commit_timestamp_ms: 1,
+                },
+            };
+            let refused = old.write_offsets(&handle, vec![commit]).await;
+            assert!(
+                matches!(refused, Err(GroupError::NotCoordinator(_))),
+                "{refused:?}"
+            );
+            let new = broker(&root);
+            new.claim("g").await.expect("the released lock is free");
+            let loaded = new.get("g").map(|g| g.offsets.borrow().clone());
+            assert!(loaded.as_ref().is_none_or(|t| t.is_empty()), "{loaded:?}");
+        });
     }
 }
