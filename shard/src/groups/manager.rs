@@ -658,16 +658,8 @@ impl GroupManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::groups::offsets::tests::run;
     use crate::groups::offsets::CommittedOffset;
-
-    fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
-        glommio::LocalExecutorBuilder::default()
-            .io_memory(2 << 20)
-            .spawn(move || async move { f().await })
-            .unwrap()
-            .join()
-            .unwrap();
-    }
 
     fn broker(root: &Path) -> GroupManager {
         let scope = kaas_storage::SyncScope::File;

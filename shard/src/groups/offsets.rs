@@ -455,7 +455,7 @@ pub fn sync_dir(path: &Path) -> Result<(), StorageError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn commit(topic: &str, partition: i32, offset: i64, metadata: &str) -> OffsetRecord {
@@ -511,7 +511,10 @@ mod tests {
         assert!(decode_record(&encode_key("t", 1), Some(&[1, 2, 3])).is_none());
     }
 
-    fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
+    /// Runs `f` on a glommio executor of its own (the groups' IO runs on a shard's).
+    pub(in crate::groups) fn run<F: std::future::Future<Output = ()> + 'static>(
+        f: impl FnOnce() -> F + Send + 'static,
+    ) {
         glommio::LocalExecutorBuilder::default()
             .io_memory(2 << 20)
             .spawn(move || async move { f().await })
