@@ -46,9 +46,11 @@ class Node:
         self.starts = 0
         self._log = None
 
+    host = "127.0.0.1"  # every broker of a test cluster listens on loopback (kwire.connect)
+
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         return [

@@ -63,12 +63,6 @@ def read_join(s: socket.socket, timeout: float) -> tuple[int, int, str]:
     return error, generation, member_id
 
 
-def connect(node) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", node.port), timeout=10)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-
 def join(node, session_ms: int, within: float = 60.0):
     """Joins as a new member at `node` (KIP-394: the first answer gives the member id) and
     returns (socket, member id) with the second JoinGroup sent and not yet answered. Waits
@@ -76,7 +70,7 @@ def join(node, session_ms: int, within: float = 60.0):
     pending member behind to hold up the rebalance."""
     deadline = time.monotonic() + within
     while True:
-        s = connect(node)
+        s = kwire.connect(node)
         send_join(s, 1, "", session_ms)
         error, _, member_id = read_join(s, 30)
         if error == MEMBER_ID_REQUIRED:

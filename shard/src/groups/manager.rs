@@ -89,11 +89,15 @@ fn refuse_if_gone(group: &Group) -> Result<(), GroupError> {
         Some(Gone::Deleted) => Err(GroupError::CoordinatorNotAvailable(
             "the group was deleted".into(),
         )),
-        Some(Gone::Moved) => Err(GroupError::NotCoordinator(format!(
-            "this broker no longer coordinates group {}; find its coordinator again",
-            group.id
-        ))),
+        Some(Gone::Moved) => Err(moved_away(&group.id)),
     }
+}
+
+/// The answer to a request for a group that moved to another broker while it was handled.
+fn moved_away(group_id: &str) -> GroupError {
+    GroupError::NotCoordinator(format!(
+        "this broker no longer coordinates group {group_id}; find its coordinator again"
+    ))
 }
 
 /// The lock file inside a group's directory (cluster mode).
@@ -285,12 +289,7 @@ impl GroupManager {
             let group = self.groups.borrow_mut().remove(&gid);
             if let Some(group) = group {
                 group.gone.set(Some(Gone::Moved));
-                group
-                    .kind
-                    .borrow_mut()
-                    .unload(&GroupError::NotCoordinator(format!(
-                        "this broker no longer coordinates group {gid}; find its coordinator again"
-                    )));
+                group.kind.borrow_mut().unload(&moved_away(&gid));
                 // A commit opening the group's first log finishes first (one that has not
                 // started sees `gone`): the log it opened is closed here, before the lock goes.
                 let _opening = group.log_open.acquire_permit(1).await;
@@ -449,6 +448,7 @@ impl GroupManager {
         if let Some(l) = group.log.borrow().as_ref() {
             return Ok(l.clone());
         }
+        // Opening recovers the log: never for a group another broker may hold now.
         refuse_if_gone(group)?;
         let dir = self.root.join(offsets::group_dir_name(&group.id));
         let storage = |e: String| GroupError::Storage(e);
@@ -491,9 +491,10 @@ impl GroupManager {
         if records.is_empty() {
             return Ok(());
         }
-        refuse_if_gone(group)?;
         let log = self.log_of(group).await?;
-        refuse_if_gone(group)?; // moved while its log was opening
+        // Also after: the group may have moved while its log was being opened, or have been
+        // handed out by the fast path while its release waited for an opening log.
+        refuse_if_gone(group)?;
         let apply_to = group.clone();
         let applied = records.clone();
         log.append(&records, move || {
