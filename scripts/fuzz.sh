@@ -2,7 +2,7 @@
 # scripts/fuzz.sh — coverage-guided fuzzing of request decoding and record-batch verification
 # (fuzz/, cargo-fuzz with libFuzzer and AddressSanitizer on the nightly toolchain).
 #
-#   scripts/fuzz.sh              each target for KAAS_FUZZ_SECONDS (default 45; 600 with
+#   scripts/fuzz.sh              each target for KAAS_FUZZ_SECONDS (default 30; 600 with
 #                                KAAS_LONG_TESTS=1)
 #   scripts/fuzz.sh request      one target
 #
@@ -17,7 +17,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo/fuzz"
 export CARGO_TARGET_DIR="${KAAS_FUZZ_TARGET_DIR:-$HOME/.cache/kaas-fuzz-target}"
 long="${KAAS_LONG_TESTS:-0}"
-seconds="${KAAS_FUZZ_SECONDS:-$([[ "$long" != 0 ]] && echo 600 || echo 45)}"
+seconds="${KAAS_FUZZ_SECONDS:-$([[ "$long" != 0 ]] && echo 600 || echo 30)}"
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(request record_batch)
 cache="$HOME/.cache/kaas-fuzz"

@@ -4,7 +4,7 @@
 #   1. cargo fmt --all -- --check
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace
-#   4. scripts/fuzz.sh           (each fuzz target for 45 s; 600 s with KAAS_LONG_TESTS=1)
+#   4. scripts/fuzz.sh           (each fuzz target for 30 s; 600 s with KAAS_LONG_TESTS=1)
 #   5. cargo build --release -p kaas -p kaas-bench -p kaas-lazyfs
 #   6. python3 -m pytest tests -q --durations=25   (real clients against the kaas binary; KAAS_BIN is set)
 #

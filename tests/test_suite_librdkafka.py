@@ -2,7 +2,7 @@
 against the real kaas binary. `tests/suites/expected-librdkafka.txt` is the ratchet: `PASS`
 tests must pass, every other test names the feature that excludes it; PASS lines marked LONG
 run only with KAAS_LONG_TESTS=1 (as do the excluded tests, to notice new passes).
-The fast run takes about 6 minutes, KAAS_LONG_TESTS=1 about 20. The counts
+The fast run takes about 3.5 minutes, KAAS_LONG_TESTS=1 about 20. The counts
 are printed (and appended to $KAAS_THROUGHPUT_FILE's report).
 
 The brokers are librdkafka's test scenarios (its tests/scenarios/*.json) on kaas: `default`
@@ -65,14 +65,14 @@ MODE_TITLES = {"local": "local (no broker)", "quick": "quick mode",
                "consumer": "quick mode, group.protocol=consumer", "full": "full mode"}
 
 
-# The fast part (~5 min) runs in the default test command; KAAS_LONG_TESTS=1 adds the LONG
+# The fast part (~3.5 min) runs in the default test command; KAAS_LONG_TESTS=1 adds the LONG
 # and excluded tests (~16 min). scripts/install-test-deps.sh builds the suite; otherwise the
 # first run here does.
 @pytest.mark.suite
 @pytest.mark.timeout(5400)
 def test_librdkafka_suite(brokers, tmp_path):
     """librdkafka's tests in every mode (quick over all, KIP-848 groups, groups and idempotence
-    in full mode; tests/suites/librdkafka.py), each test number alone with a 300 s cap, 3 at a
+    in full mode; tests/suites/librdkafka.py), each test number alone with a 300 s cap, 5 at a
     time: every test on the PASS list passes."""
     auto, noauto = brokers
     librdkafka.test_runner()  # built by scripts/install-test-deps.sh; else here, once

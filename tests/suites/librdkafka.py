@@ -75,7 +75,7 @@ KAFKA_VERSION = os.environ.get("KAAS_LIBRDKAFKA_KAFKA_VERSION", "4.0.0")
 NAME = "librdkafka"  # expected-librdkafka.txt
 # Test numbers run this many at a time (each test-runner mostly waits on the broker and on its
 # own timers; librdkafka's own `make` runs up to 5 tests at once against one cluster).
-JOBS = int(os.environ.get("KAAS_LIBRDKAFKA_JOBS", "3"))
+JOBS = int(os.environ.get("KAAS_LIBRDKAFKA_JOBS", "5"))
 CONFIGURE = ["./configure", "--disable-curl", "--disable-sasl", "--disable-lz4-ext"]
 
 
