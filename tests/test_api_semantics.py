@@ -146,6 +146,79 @@ def test_delete_records(broker):
     state["delrec"] = (topic, hi)
 
 
+def test_topic_names_assignments_and_delete_policy_as_kafka(broker):
+    """Found with sarama and kafkajs, each compared with Kafka 4.4:
+    * a 249-character name (Kafka's limit) made a topic whose directory name was longer than
+      the file system takes, so every write to it failed; now it takes records and reads them;
+    * `x_y` next to `x.y` is refused as Kafka refuses it (INVALID_TOPIC_EXCEPTION);
+    * `__consumer_offsets` and `__transaction_state` were created as ordinary topics (by
+      CreateTopics, by a produce, by a Metadata request); now they are refused and unknown;
+    * DeleteRecords on a compact-only topic is refused with POLICY_VIOLATION, as Kafka does;
+    * a replica assignment naming a broker that does not exist (CreateTopics, CreatePartitions)
+      was accepted silently; Kafka refuses it with INVALID_REPLICA_ASSIGNMENT."""
+    from confluent_kafka import KafkaError, KafkaException
+    a = admin(broker.bootstrap)
+    longest = unique_topic("L").ljust(249, "L")
+    create_topic(broker.bootstrap, longest, 1)
+    reports = produce_plain(broker.bootstrap, longest,
+                            [(b"k%d" % i, b"v%d" % i, None) for i in range(50)], acks="all")
+    assert [o for _, o in reports] == list(range(50))
+    records, ends = rdkafka_read_all(broker.bootstrap, longest, 1)
+    assert [r[3] for r in records] == [b"v%d" % i for i in range(50)] and ends == {0: 50}
+
+    def create_error(name):
+        fut = a.create_topics([NewTopic(name, 1, 1)], request_timeout=10)[name]
+        with pytest.raises(KafkaException) as e:
+            fut.result(15)
+        return e.value.args[0]
+
+    dotted = unique_topic("orders") + ".eu"
+    create_topic(broker.bootstrap, dotted, 1)
+    err = create_error(dotted.replace(".", "_"))
+    assert err.code() == KafkaError.TOPIC_EXCEPTION, err
+    assert f"collides with existing topic: {dotted}" in err.str(), err
+    for name in ("__consumer_offsets", "__transaction_state"):
+        err = create_error(name)
+        assert err.code() == KafkaError.TOPIC_EXCEPTION and "reserved" in err.str(), err
+        # A Metadata request naming it, auto-creation allowed, does not create it either.
+        p = Producer({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": True})
+        md = p.list_topics(name, timeout=10).topics[name]
+        assert md.error is not None and md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART, md
+    assert not {"__consumer_offsets", "__transaction_state"} & set(
+        a.list_topics(timeout=10).topics)
+
+    from confluent_kafka.admin import NewPartitions
+    made_up = unique_topic("assigned")
+    fut = a.create_topics([NewTopic(made_up, 1, replica_assignment=[[42]])],
+                          request_timeout=10)[made_up]
+    with pytest.raises(KafkaException) as e:
+        fut.result(15)
+    assert e.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT, e.value
+    assert "broker 42" in e.value.args[0].str(), e.value
+    fut = a.create_partitions([NewPartitions(dotted, 2, replica_assignment=[[42]])],
+                              request_timeout=10)[dotted]
+    with pytest.raises(KafkaException) as e:
+        fut.result(15)
+    assert e.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT, e.value
+    assert len(a.list_topics(dotted, timeout=10).topics[dotted].partitions) == 1
+    assert made_up not in a.list_topics(timeout=10).topics
+
+    compacted = unique_topic("compacted")
+    create_topic(broker.bootstrap, compacted, 1, config={"cleanup.policy": "compact"})
+    produce_plain(broker.bootstrap, compacted, [(b"k%d" % i, b"v", None) for i in range(10)],
+                  acks="all")
+    [(_, fut)] = list(a.delete_records([TopicPartition(compacted, 0, 5)],
+                                       request_timeout=10).items())
+    with pytest.raises(KafkaException) as e:
+        fut.result(15)
+    assert e.value.args[0].code() == KafkaError.POLICY_VIOLATION, e.value
+    c = rdkafka_consumer(broker.bootstrap)
+    try:
+        assert watermarks(c, TopicPartition(compacted, 0)) == (0, 10)
+    finally:
+        c.close()
+
+
 def test_describe_cluster_and_topic_ids(broker):
     """DescribeCluster names one broker at the advertised address and a cluster id; topics
     carry real, stable topic ids."""

@@ -825,8 +825,9 @@ def test_consumer_groups_tool(broker, tool, protocol):
 
 def test_group_admin_semantics(broker):
     """Describe of an unknown group, DeleteGroups of an active or unknown group, OffsetDelete of
-    a subscribed topic, and a standalone commit into an active group get Kafka's errors; an
-    empty group's offsets can be deleted partition by partition."""
+    a subscribed topic or of a partition that does not exist, and a standalone commit into an
+    active group get Kafka's errors; an empty group's offsets can be deleted partition by
+    partition."""
     from kafka import KafkaAdminClient, TopicPartition as KTP
     from confluent_kafka import Consumer, KafkaException, TopicPartition
     topic = unique_topic("sem")
@@ -860,6 +861,10 @@ def test_group_admin_semantics(broker):
     assert "NoError" in str(deleted), deleted
     offsets = admin.list_group_offsets(group)[group]
     assert KTP(topic, 0) not in offsets and offsets[KTP(topic, 1)].offset == 1, offsets
+    # As Kafka: a partition or topic that does not exist is named, not answered "deleted".
+    for tp in (KTP(topic, 9), KTP(unique_topic("no-such-topic"), 0)):
+        deleted = admin.delete_group_offsets(group, [tp])
+        assert "UnknownTopicOrPartition" in str(deleted), (tp, deleted)
     unknown = unique_topic("never")
     d = admin.describe_groups([unknown])[unknown]
     assert d.get("group_state") == "Dead" or "GroupIdNotFound" in str(d.get("error")), d

@@ -47,9 +47,20 @@ impl TopicMeta {
     }
 }
 
+/// `<name>~<topic id>`, with the name cut so the whole fits one file name (255 bytes on ext4,
+/// XFS and most others): a Kafka topic name may have 249 characters, and with the 33 of
+/// `~<id>` a name longer than 222 made a directory no file system would create. The id alone
+/// keeps the directory unique; the name is there for the operator. (Topic names are ASCII, so
+/// cutting at a byte is cutting at a character.)
 pub fn topic_dir_name(name: &str, id: Uuid) -> String {
-    format!("{name}~{}", id.simple())
+    let cut = &name[..name.len().min(MAX_DIR_NAME_BYTES - TOPIC_ID_SUFFIX_BYTES)];
+    format!("{cut}~{}", id.simple())
 }
+
+/// The longest file name Linux file systems take (`NAME_MAX`).
+const MAX_DIR_NAME_BYTES: usize = 255;
+/// `~` and the 32 hex digits of a topic id.
+const TOPIC_ID_SUFFIX_BYTES: usize = 33;
 
 /// A snapshot of all topics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -147,6 +158,8 @@ pub enum CatalogError {
     #[error("{0}")]
     InvalidReplicationFactor(String),
     #[error("{0}")]
+    InvalidReplicaAssignment(String),
+    #[error("{0}")]
     InvalidConfig(String),
     #[error("storing the catalog in {path}: {detail}")]
     Storage { path: PathBuf, detail: String },
@@ -161,6 +174,32 @@ fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The names of Kafka's internal topics. kaas has none (group offsets live in per-group logs,
+/// and it serves no transactions or share groups), so it does not let a client create an
+/// ordinary topic under one of these names, which tools would take for the internal one.
+pub const INTERNAL_TOPICS: [&str; 4] = [
+    "__consumer_offsets",
+    "__transaction_state",
+    "__share_group_state",
+    "__cluster_metadata",
+];
+
+/// Kafka refuses a topic whose name equals an existing one's once `.` and `_` are made the
+/// same: the two would share their metric names.
+fn collision(table: &TopicTable, name: &str) -> Result<(), CatalogError> {
+    if !name.contains(['.', '_']) {
+        return Ok(());
+    }
+    let key = |n: &str| n.replace('.', "_");
+    let mine = key(name);
+    match table.topics.keys().find(|other| key(other) == mine) {
+        Some(other) => Err(CatalogError::InvalidTopicName(format!(
+            "Topic '{name}' collides with existing topic: {other}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Kafka's topic name rules: 1..=249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -396,9 +435,17 @@ impl Catalog {
         configs: &BTreeMap<String, String>,
     ) -> Result<(), CatalogError> {
         validate_topic_name(name)?;
-        if self.snapshot().get(name).is_some() {
+        if INTERNAL_TOPICS.contains(&name) {
+            return Err(CatalogError::InvalidTopicName(format!(
+                "Topic name '{name}' is reserved for Kafka's internal topic; kaas keeps consumer \
+                 group offsets and coordinator state outside topics, and does not create it"
+            )));
+        }
+        let snapshot = self.snapshot();
+        if snapshot.get(name).is_some() {
             return Err(CatalogError::TopicExists(name.to_string()));
         }
+        collision(&snapshot, name)?;
         if !(1..=MAX_PARTITIONS_PER_TOPIC).contains(&partitions) {
             return Err(CatalogError::InvalidPartitions(format!("Number of partitions must be between 1 and {MAX_PARTITIONS_PER_TOPIC}, got {partitions}.")));
         }
@@ -445,6 +492,7 @@ impl Catalog {
             if t.topics.contains_key(name) {
                 return Err(CatalogError::TopicExists(name.to_string()));
             }
+            collision(t, name)?;
             if let Some(&at) = t.deleted.get(name) {
                 let age = unix_ms().saturating_sub(at);
                 if age < delay {
@@ -745,6 +793,77 @@ mod tests {
         assert_ne!(
             a.partition_dir(dir.path(), 0),
             b.partition_dir(dir.path(), 0)
+        );
+    }
+
+    // As Kafka: names that differ only in `.` against `_` collide, and the internal topics'
+    // names are not taken by ordinary topics (kaas created `__consumer_offsets` as a plain
+    // topic, which tools then took for Kafka's).
+    #[test]
+    fn colliding_and_internal_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        c.create_topic("orders.eu", 1, -1, BTreeMap::new()).unwrap();
+        for name in ["orders_eu", "orders.eu"] {
+            let e = c.create_topic(name, 1, -1, BTreeMap::new()).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    CatalogError::InvalidTopicName(_) | CatalogError::TopicExists(_)
+                ),
+                "{name}: {e}"
+            );
+        }
+        let e = c
+            .create_topic("orders_eu", 1, -1, BTreeMap::new())
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Topic 'orders_eu' collides with existing topic: orders.eu"
+        );
+        c.create_topic("orders-eu", 1, -1, BTreeMap::new()).unwrap();
+        c.create_topic("orders_us", 1, -1, BTreeMap::new()).unwrap();
+        for name in INTERNAL_TOPICS {
+            let e = c.create_topic(name, 1, -1, BTreeMap::new()).unwrap_err();
+            assert!(
+                matches!(e, CatalogError::InvalidTopicName(_)),
+                "{name}: {e}"
+            );
+        }
+        assert!(c.snapshot().get("__consumer_offsets").is_none());
+    }
+
+    // Kafka allows 249-character names; with `~<id>` appended such a directory name was
+    // longer than NAME_MAX, so the topic was created and every write to it then failed with
+    // "File name too long". Every legal name now gets a directory the file system takes, and
+    // names that share their first 222 characters still get different directories.
+    #[test]
+    fn the_longest_legal_topic_names_get_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        let short = "s".repeat(222);
+        let t = c.create_topic(&short, 1, -1, BTreeMap::new()).unwrap();
+        assert_eq!(
+            topic_dir_name(&t.name, t.id),
+            format!("{short}~{}", t.id.simple()),
+            "names that fit keep the directory they always had"
+        );
+        let mut dirs = std::collections::BTreeSet::new();
+        for tail in ["a", "b"] {
+            let name = format!("{}{tail}", "x".repeat(248));
+            validate_topic_name(&name).unwrap();
+            let t = c.create_topic(&name, 1, -1, BTreeMap::new()).unwrap();
+            let p = t.partition_dir(dir.path(), 0);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("00000000000000000000.0000000000.log"), b"").unwrap();
+            let top = p.parent().unwrap().file_name().unwrap().len();
+            assert_eq!(top, 255, "{name}: the directory name is NAME_MAX long");
+            dirs.insert(p);
+        }
+        assert_eq!(
+            dirs.len(),
+            2,
+            "names sharing a prefix get different directories"
         );
     }
 

@@ -29,6 +29,7 @@ pub fn catalog(e: &CatalogError) -> i16 {
         CatalogError::InvalidTopicName(_) => E::InvalidTopicException.code(),
         CatalogError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         CatalogError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
+        CatalogError::InvalidReplicaAssignment(_) => E::InvalidReplicaAssignment.code(),
         CatalogError::InvalidConfig(_) => E::InvalidConfig.code(),
         CatalogError::Storage { .. } => E::KafkaStorageError.code(),
         // Retriable: the name is free again within seconds (auto-creation's answer; CreateTopics
@@ -102,6 +103,7 @@ pub const REQUEST_TIMED_OUT: i16 = E::RequestTimedOut.code();
 pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
 pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
 pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
+pub const POLICY_VIOLATION: i16 = E::PolicyViolation.code();
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();
 pub const COORDINATOR_NOT_AVAILABLE: i16 = E::CoordinatorNotAvailable.code();

@@ -14,9 +14,9 @@ use kaas_wire::kafka_protocol::messages::delete_records_response::{
 };
 use kaas_wire::kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kaas_wire::kafka_protocol::messages::{
-    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse,
-    DeleteRecordsRequest, DeleteRecordsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
-    TopicName,
+    BrokerId, CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
+    CreateTopicsResponse, DeleteRecordsRequest, DeleteRecordsResponse, DeleteTopicsRequest,
+    DeleteTopicsResponse, TopicName,
 };
 use kaas_wire::kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
@@ -25,7 +25,7 @@ use super::{per_partition, per_topic_partition};
 use crate::catalog::{topic_dir_name, CatalogError, TopicMeta};
 use crate::errors;
 use crate::shard::Shard;
-use crate::topic_config::TOPIC_CONFIGS;
+use crate::topic_config::{self, TOPIC_CONFIGS};
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -68,7 +68,10 @@ pub async fn create_topics(
         } else {
             (t.num_partitions, t.replication_factor)
         };
-        let outcome = if req.validate_only {
+        let assigned = t.assignments.iter().map(|a| a.broker_ids.as_slice());
+        let outcome = if let Err(e) = known_brokers(shard, assigned) {
+            Err(e)
+        } else if req.validate_only {
             shard
                 .catalog
                 .check_new_topic(&name, partitions, rf, &configs)
@@ -112,6 +115,25 @@ pub async fn create_topics(
     )
     .await;
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// An explicit replica assignment may name only brokers of the cluster, as Kafka requires
+/// (kaas then places the partition itself: it keeps one copy, led by whichever broker the
+/// controller picks). A made-up id was accepted silently.
+fn known_brokers<'a>(
+    shard: &Shard,
+    mut assigned: impl Iterator<Item = &'a [BrokerId]>,
+) -> Result<(), CatalogError> {
+    let brokers = shard.cluster.brokers();
+    let known = |id: &BrokerId| brokers.iter().any(|b| b.id == id.0);
+    match assigned.find_map(|ids| ids.iter().find(|id| !known(id))) {
+        Some(id) => Err(CatalogError::InvalidReplicaAssignment(format!(
+            "The replica assignment names broker {}, which is not in the cluster (brokers: {:?})",
+            id.0,
+            brokers.iter().map(|b| b.id).collect::<Vec<_>>()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Waits (at most `timeout`, the request's own) until the controller has placed every topic
@@ -259,10 +281,16 @@ pub async fn create_partitions(
         .iter()
         .map(|t| {
             let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
-            match shard
-                .catalog
-                .set_partition_count(t.name.as_str(), t.count, req.validate_only)
-            {
+            let assigned = t
+                .assignments
+                .iter()
+                .flatten()
+                .map(|a| a.broker_ids.as_slice());
+            match known_brokers(shard, assigned).and_then(|()| {
+                shard
+                    .catalog
+                    .set_partition_count(t.name.as_str(), t.count, req.validate_only)
+            }) {
                 Ok(_) => {
                     if !req.validate_only {
                         grown.push((t.name.to_string(), t.count));
@@ -292,6 +320,44 @@ struct Deleted {
     low_watermark: i64,
 }
 
+/// DeleteRecords for one partition, on its owning shard.
+async fn delete_on_owner(s: Rc<Shard>, m: Arc<TopicMeta>, p: i32, offset: i64) -> Deleted {
+    // As Kafka: records are deleted only where the cleanup policy includes `delete`;
+    // a compact-only topic keeps every key's latest record until compaction replaces it.
+    let broker = s.catalog.effective_broker_configs();
+    if !topic_config::log_config(&m.configs, &broker).delete_enabled {
+        return Deleted {
+            error_code: errors::POLICY_VIOLATION,
+            low_watermark: -1,
+        };
+    }
+    let log = match s.partition(&m, p).await {
+        Ok(l) => l,
+        Err(e) => {
+            return Deleted {
+                error_code: errors::storage(&e),
+                low_watermark: -1,
+            }
+        }
+    };
+    // -1 means "up to the high watermark", as in Kafka.
+    let target = if offset == -1 {
+        log.high_watermark()
+    } else {
+        offset
+    };
+    match log.delete_records_before(target).await {
+        Ok(low) => Deleted {
+            error_code: errors::NONE,
+            low_watermark: low,
+        },
+        Err(e) => Deleted {
+            error_code: errors::storage(&e),
+            low_watermark: -1,
+        },
+    }
+}
+
 pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let wanted = req
         .topics
@@ -313,33 +379,7 @@ pub async fn delete_records(shard: &Rc<Shard>, req: DeleteRecordsRequest) -> Del
     let answers = per_topic_partition(
         shard,
         wanted,
-        |s, m, p, offset| async move {
-            let log = match s.partition(&m, p).await {
-                Ok(l) => l,
-                Err(e) => {
-                    return Deleted {
-                        error_code: errors::storage(&e),
-                        low_watermark: -1,
-                    }
-                }
-            };
-            // -1 means "up to the high watermark", as in Kafka.
-            let target = if offset == -1 {
-                log.high_watermark()
-            } else {
-                offset
-            };
-            match log.delete_records_before(target).await {
-                Ok(low) => Deleted {
-                    error_code: errors::NONE,
-                    low_watermark: low,
-                },
-                Err(e) => Deleted {
-                    error_code: errors::storage(&e),
-                    low_watermark: -1,
-                },
-            }
-        },
+        delete_on_owner,
         unknown,
         Deleted {
             error_code: errors::NOT_LEADER_OR_FOLLOWER,

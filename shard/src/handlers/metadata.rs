@@ -80,6 +80,10 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
                 topics.push(error_topic(&name, errors::catalog(&e)));
                 continue;
             }
+            // Kafka's internal topics are not here (see catalog::INTERNAL_TOPICS): asking for
+            // one is answered "unknown", not with an auto-created ordinary topic.
+            let allow_create =
+                allow_create && !crate::catalog::INTERNAL_TOPICS.contains(&name.as_str());
             match resolve_topic(shard, &name, allow_create) {
                 Ok(t) => topics.push(topic_response(shard, &t)),
                 Err(code) => topics.push(error_topic(&name, code)),

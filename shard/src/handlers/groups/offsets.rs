@@ -468,13 +468,20 @@ pub async fn offset_delete(shard: &Rc<Shard>, req: OffsetDeleteRequest) -> Offse
                 };
                 let mut records = Vec::new();
                 let mut codes = Vec::new();
+                // As Kafka: a partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION (it
+                // was answered NONE, which read as "deleted").
+                let catalog = s.catalog.snapshot();
                 {
                     let table = group.offsets.borrow();
                     for (t, ps) in &shape2 {
                         let sub = subscribed.contains(t);
+                        let count = catalog.get(t).map_or(0, |m| m.partitions);
                         codes.push(
                             ps.iter()
                                 .map(|p| {
+                                    if !(0..count).contains(p) {
+                                        return errors::UNKNOWN_TOPIC_OR_PARTITION;
+                                    }
                                     if sub {
                                         return errors::group(&GroupError::GroupSubscribedToTopic);
                                     }
