@@ -275,6 +275,7 @@ enum Close {
     Protocol(WireError),
     Idle(Duration),
     Slow { len: usize, received: usize },
+    Stopping,
 }
 
 impl std::fmt::Display for Close {
@@ -284,6 +285,7 @@ impl std::fmt::Display for Close {
             Close::Io(e) => write!(f, "socket error: {e}"),
             Close::Protocol(e) => write!(f, "protocol error: {e}"),
             Close::Idle(d) => write!(f, "no request for {d:?} (connections.max.idle.ms)"),
+            Close::Stopping => write!(f, "the broker is stopping"),
             Close::Slow { len, received } => write!(
                 f,
                 "request body stopped arriving: {received} of {len} bytes (--request-progress-timeout-ms)"
@@ -304,8 +306,22 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     let mut previous_effects: Option<futures::channel::oneshot::Receiver<()>> = None;
     let idle = Duration::from_millis(shard.config.connections_max_idle_ms);
     loop {
+        // A stopping broker takes no more requests; those read so far are answered (the
+        // writer drains them) before the shard closes its partitions (see `crate::stopping`).
+        // A request cut off mid-read was never run: its client sends it again, harmlessly.
+        if shard.stopping.is_set() {
+            return Err(Close::Stopping);
+        }
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
-        match within(idle, reader.read_exact(&mut prefix)).await {
+        let read = {
+            let read = std::pin::pin!(within(idle, reader.read_exact(&mut prefix)));
+            let stopping = std::pin::pin!(shard.stopping.wait());
+            match futures::future::select(read, stopping).await {
+                futures::future::Either::Left((read, _)) => read,
+                futures::future::Either::Right(_) => return Err(Close::Stopping),
+            }
+        };
+        match read {
             None => {
                 shard.admission.closed_idle.fetch_add(1, Ordering::Relaxed);
                 return Err(Close::Idle(idle));

@@ -23,10 +23,11 @@ pub mod probe;
 pub mod ratelog;
 pub mod refused;
 pub mod shard;
+pub mod stopping;
 pub mod topic_config;
 
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -187,6 +188,8 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         .map(|_| Arc::new(ShardProbe::default()))
         .collect();
     let shutdown = Arc::new(AtomicBool::new(false));
+    // Shards still answering the requests their connections took (see `run_shard`).
+    let answering = Arc::new(AtomicUsize::new(nshards));
     let mut mesh: Mesh<Shard> = Mesh::new(nshards);
     let cpus = allowed_cpus();
     let online = CpuSet::online().ok();
@@ -204,6 +207,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         } else {
             Placement::Unbound
         };
+        let answering = answering.clone();
         let (config, catalog, probe, shutdown, mesh, ready) = (
             config.clone(),
             catalog.clone(),
@@ -244,7 +248,11 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
                 glommio::spawn_local_into(serve_control(shard.clone(), control_rx), control_queue)
                     .expect("control task queue exists")
                     .detach();
-                run_shard(shard, config, probe, shutdown, mesh.0, ready).await
+                let stop = Stop {
+                    requested: shutdown,
+                    answering,
+                };
+                run_shard(shard, config, probe, stop, mesh.0, ready).await
             })
             .map_err(|e| StartError::Shard {
                 shard: id,
@@ -415,11 +423,26 @@ async fn run_group_coordinator(shard: Rc<Shard>) {
     }
 }
 
+/// How the shards stop together.
+struct Stop {
+    /// Set by [`BrokerRuntime::shutdown`].
+    requested: Arc<AtomicBool>,
+    /// Shards whose connections still answer requests they read. A shard closes its
+    /// partitions only once this is zero (or [`ANSWER_BEFORE_CLOSE`] passed): a request read
+    /// on one shard may be writing to another shard's partition.
+    answering: Arc<AtomicUsize>,
+}
+
+/// How long a stopping broker waits for its connections to answer the requests they read
+/// (acks=all writes wait for their sync; long polls end at once) before it closes its
+/// partitions regardless.
+const ANSWER_BEFORE_CLOSE: Duration = Duration::from_secs(5);
+
 async fn run_shard(
     shard: Rc<Shard>,
     config: Arc<BrokerConfig>,
     probe: Arc<ShardProbe>,
-    shutdown: Arc<AtomicBool>,
+    stop: Stop,
     inbox: futures::channel::mpsc::Receiver<mesh::Job<Shard>>,
     mut ready: StartReport,
 ) {
@@ -456,7 +479,7 @@ async fn run_shard(
     glommio::spawn_local(run_group_coordinator(shard.clone())).detach();
     ready.send((id, Ok(())));
     tracing::info!(shard = id, listen = %config.listen, "shard serving");
-    while !shutdown.load(Ordering::SeqCst) {
+    while !stop.requested.load(Ordering::SeqCst) {
         glommio::timer::sleep(TICK).await;
         let ticks = probe.alive_ticks.fetch_add(1, Ordering::Relaxed) + 1;
         if ticks.is_multiple_of(PUBLISH_EVERY_TICKS) {
@@ -467,6 +490,24 @@ async fn run_shard(
     }
     drop(acceptor);
     probe.listener_bound.store(false, Ordering::SeqCst);
+    // Connections stop reading requests and answer those they read; then the partitions close.
+    // Closing first stored writes whose answers never left (REQUEST_TIMED_OUT, or the process
+    // exited under them), and a producer without idempotence stored them again after the
+    // restart (tests/test_clean_stop.py).
+    shard.stopping.begin();
+    let deadline = std::time::Instant::now() + ANSWER_BEFORE_CLOSE;
+    let open = || probe.connections_open.load(Ordering::Relaxed);
+    while open() > 0 && std::time::Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    stop.answering.fetch_sub(1, Ordering::SeqCst);
+    while stop.answering.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    if open() > 0 {
+        tracing::warn!(shard = id, connections = open(), waited = ?ANSWER_BEFORE_CLOSE,
+            "closing partitions with requests still unanswered; their clients retry them");
+    }
     shard.close_all().await;
     shard.groups.close_all().await;
     probe.stopped.store(true, Ordering::SeqCst);

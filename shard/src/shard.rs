@@ -71,6 +71,8 @@ pub struct Shard {
     /// Cluster mode: the leader claims this shard read to report leader epochs in Metadata
     /// (see [`crate::leader_claim`]).
     claims: crate::leader_claim::ClaimCache,
+    /// Set when the broker stops (see [`crate::stopping`]).
+    pub stopping: crate::stopping::Stopping,
 }
 
 /// How many closed logs' outcomes [`Shard::kept_on_handover`] remembers. A write's answer
@@ -115,6 +117,7 @@ impl Shard {
             retired: RefCell::new(std::collections::VecDeque::new()),
             refused: RefCell::new(crate::refused::RefusedSequences::default()),
             claims: crate::leader_claim::ClaimCache::default(),
+            stopping: crate::stopping::Stopping::default(),
         }
     }
 

@@ -114,7 +114,13 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
         let total: usize = reads.iter().map(|r| r.records.len()).sum();
         let any_error = reads.iter().any(|r| r.error_code != errors::NONE);
         let elapsed = started.elapsed();
-        if total >= min_bytes || any_error || elapsed >= max_wait || wanted.is_empty() {
+        // A stopping broker answers a long poll with what it has (see `crate::stopping`).
+        if total >= min_bytes
+            || any_error
+            || elapsed >= max_wait
+            || wanted.is_empty()
+            || shard.stopping.is_set()
+        {
             break;
         }
         wait_any(shard, &wanted, max_wait - elapsed).await;
@@ -289,8 +295,10 @@ async fn wait_any(shard: &Rc<Shard>, wanted: &[Wanted], timeout: Duration) {
             ))
         })
         .collect();
+    let stopping = shard.stopping.wait();
+    let timer = async { glommio::timer::sleep(timeout).await };
     if waits.is_empty() {
-        glommio::timer::sleep(timeout).await;
+        futures_lite::future::or(timer, stopping).await;
         return;
     }
     let all = futures::future::select_all(waits);
@@ -298,7 +306,7 @@ async fn wait_any(shard: &Rc<Shard>, wanted: &[Wanted], timeout: Duration) {
         async {
             all.await;
         },
-        async { glommio::timer::sleep(timeout).await },
+        futures_lite::future::or(timer, stopping),
     )
     .await;
 }
