@@ -197,6 +197,25 @@ def api_versions(broker) -> dict[int, tuple[int, int]]:
     return ranges
 
 
+def create_topic_assigned(broker, topic: str, assignments: dict[int, list[int]]) -> int:
+    """CreateTopics v2 for one topic with an explicit replica assignment {partition: [broker
+    ids]}, which clients' admin APIs cannot express with gaps; returns the topic's error code."""
+    body = struct.pack(">i", 1) + string(topic) + struct.pack(">ih", -1, -1)
+    body += struct.pack(">i", len(assignments))
+    for p, ids in assignments.items():
+        body += struct.pack(">ii", p, len(ids)) + b"".join(struct.pack(">i", i) for i in ids)
+    body += struct.pack(">i", 0)  # no configs
+    body += struct.pack(">ib", 10000, 0)  # timeout_ms, validate_only
+    with connect(broker) as s:
+        s.sendall(request(19, 2, 7, body))
+        resp = recv_frame(s)
+    corr, _throttle, count = struct.unpack_from(">iii", resp, 0)
+    assert corr == 7 and count == 1, (corr, count)
+    (name_len,) = struct.unpack_from(">h", resp, 12)
+    (error,) = struct.unpack_from(">h", resp, 14 + name_len)
+    return error
+
+
 # -- record batches and Produce ------------------------------------------------------------
 
 

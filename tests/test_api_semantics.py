@@ -195,6 +195,9 @@ def test_topic_names_assignments_and_delete_policy_as_kafka(broker):
         fut.result(15)
     assert e.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT, e.value
     assert "broker 42" in e.value.args[0].str(), e.value
+    # Partitions 0 and 2: Kafka refuses the gap (kaas renumbered it to 0 and 1).
+    gap = kwire.create_topic_assigned(broker, made_up, {0: [0], 2: [0]})
+    assert gap == 39, f"CreateTopics with partitions 0 and 2 answered {gap}"  # INVALID_REPLICA_ASSIGNMENT
     fut = a.create_partitions([NewPartitions(dotted, 2, replica_assignment=[[42]])],
                               request_timeout=10)[dotted]
     with pytest.raises(KafkaException) as e:

@@ -69,7 +69,10 @@ pub async fn create_topics(
             (t.num_partitions, t.replication_factor)
         };
         let assigned = t.assignments.iter().map(|a| a.broker_ids.as_slice());
+        let indexes = t.assignments.iter().map(|a| a.partition_index);
         let outcome = if let Err(e) = known_brokers(shard, assigned) {
+            Err(e)
+        } else if let Err(e) = consecutive_from_zero(indexes) {
             Err(e)
         } else if req.validate_only {
             shard
@@ -134,6 +137,23 @@ fn known_brokers<'a>(
         ))),
         None => Ok(()),
     }
+}
+
+/// An explicit assignment names partitions 0, 1, ... n-1, each once, as Kafka requires; a
+/// gap (`{0, 2}`) was renumbered silently, so partition 2 of the request became partition 1.
+fn consecutive_from_zero(indexes: impl Iterator<Item = i32>) -> Result<(), CatalogError> {
+    let mut seen: Vec<i32> = indexes.collect();
+    seen.sort_unstable();
+    if seen
+        .iter()
+        .enumerate()
+        .all(|(i, &p)| i64::from(p) == i as i64)
+    {
+        return Ok(());
+    }
+    Err(CatalogError::InvalidReplicaAssignment(format!(
+        "The replica assignment names partitions {seen:?}; they must be 0 to n-1, each once"
+    )))
 }
 
 /// Waits (at most `timeout`, the request's own) until the controller has placed every topic
