@@ -564,7 +564,7 @@ def test_broker_configs_given_at_start(broker_factory, tmp_path):
         e = f.result(15)[name]
         return e.value, e.source
 
-    STATIC, DYNAMIC_DEFAULT = 4, 3
+    STATIC, DYNAMIC_BROKER = 4, 2
     assert topic_config("retention.ms") == ("123456789", STATIC)
     assert topic_config("max.message.bytes") == ("2000", STATIC)
     p = Producer({"bootstrap.servers": b.bootstrap, "compression.type": "none",
@@ -573,12 +573,13 @@ def test_broker_configs_given_at_start(broker_factory, tmp_path):
     p.produce(topic, value=b"x" * 5000, on_delivery=lambda err, m: errors.append(err))
     p.flush(15)
     assert [e.code() for e in errors] == [KafkaError.MSG_SIZE_TOO_LARGE], errors
-    # A dynamic default (kafka-configs --entity-type brokers) overrides the static value.
+    # A dynamic config of this broker (kafka-configs --entity-type brokers --entity-name 0)
+    # overrides the static value.
     res = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
         "log.retention.ms", "42000", incremental_operation=AlterConfigOpType.SET)])
     for f in a.incremental_alter_configs([res]).values():
         f.result(15)
-    assert topic_config("retention.ms") == ("42000", DYNAMIC_DEFAULT)
+    assert topic_config("retention.ms") == ("42000", DYNAMIC_BROKER)
     (f,) = a.describe_configs([ConfigResource(ResourceType.BROKER, "0")]).values()
     entry = f.result(15)["message.max.bytes"]
     assert (entry.value, entry.source) == ("2000", STATIC), entry

@@ -182,6 +182,48 @@ def test_config_command_alters_broker_defaults(broker, tool):
     assert wait_for(lambda: topic_retention() == "604800000"), topic_retention()
 
 
+def test_config_command_keeps_a_brokers_own_configs_apart(broker, tool):
+    """kafka-configs --entity-name <id> sets that broker's own dynamic config, above the
+    cluster-wide default (--entity-default) and listed apart from it, as Kafka does: a topic
+    without its own value inherits the broker's, and deleting the broker's leaves the
+    default in place. Before, the two were one file: the broker's value replaced the default,
+    and deleting it from either entity deleted it from both."""
+    md = admin(broker.bootstrap).list_topics(timeout=10)
+    [broker_id] = list(md.brokers)
+    bs = ["--bootstrap-server", broker.bootstrap]
+    topic = unique_topic("tools-own")
+    tool(TOPIC_COMMAND, *bs, "--create", "--topic", topic, "--partitions", 1, "--replication-factor", 1)
+    default = ["--entity-type", "brokers", "--entity-default"]
+    own = ["--entity-type", "brokers", "--entity-name", broker_id]
+
+    def topic_retention():
+        _, out, _ = tool("ConfigCommand", *bs, "--entity-type", "topics", "--entity-name", topic,
+                         "--describe", "--all")
+        m = re.search(r"^\s+retention.ms=(\S*) sensitive=\S+ synonyms=\{(\w+)", out, re.M)
+        return (m.group(1), m.group(2)) if m else out
+
+    try:
+        tool("ConfigCommand", *bs, *default, "--alter", "--add-config", "log.retention.ms=3600000")
+        tool("ConfigCommand", *bs, *own, "--alter", "--add-config", "log.retention.ms=7200000")
+        assert wait_for(lambda: topic_retention() == ("7200000", "DYNAMIC_BROKER_CONFIG")), \
+            topic_retention()
+        _, out, _ = tool("ConfigCommand", *bs, *own, "--describe")
+        assert f"Dynamic configs for broker {broker_id} are:" in out, out
+        assert "log.retention.ms=7200000" in out, out
+        _, out, _ = tool("ConfigCommand", *bs, *default, "--describe")
+        assert "log.retention.ms=3600000" in out and "7200000" not in out, out
+
+        tool("ConfigCommand", *bs, *own, "--alter", "--delete-config", "log.retention.ms")
+        assert wait_for(lambda: topic_retention() == ("3600000", "DYNAMIC_DEFAULT_BROKER_CONFIG")), \
+            topic_retention()
+        _, out, _ = tool("ConfigCommand", *bs, *default, "--describe")
+        assert "log.retention.ms=3600000" in out, out
+    finally:
+        tool("ConfigCommand", *bs, *own, "--alter", "--delete-config", "log.retention.ms", check=False)
+        tool("ConfigCommand", *bs, *default, "--alter", "--delete-config", "log.retention.ms",
+             check=False)
+
+
 def test_console_producer_consumer(broker, tool):
     """kafka-console-producer writes 1000 keyed lines (acks=all, idempotent);
     kafka-console-consumer --partition 0 --offset earliest (no group) prints them back with

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -238,6 +238,24 @@ struct ClusterMeta {
     producer_id_limit: i64,
 }
 
+/// Which dynamic broker configs an AlterConfigs changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerScope {
+    /// The cluster-wide defaults (`--entity-default`, an empty resource name).
+    Default,
+    /// One broker's own (`--entity-name <id>`).
+    Broker(i32),
+}
+
+/// Every broker's own dynamic configs, by broker id (a string: JSON object keys).
+type BrokerConfigsById = BTreeMap<String, BTreeMap<String, String>>;
+
+/// The file of [`BrokerConfigsById`] under `__meta/`.
+const BROKER_CONFIGS_BY_ID: &str = "broker-configs-by-id.json";
+
+/// [`Catalog::broker_id`] before [`Catalog::set_broker_id`]: no broker's own configs apply.
+const NO_BROKER_ID: i32 = -1;
+
 pub struct Catalog {
     dir: PathBuf,
     table: ArcSwap<TopicTable>,
@@ -249,7 +267,14 @@ pub struct Catalog {
     broker_configs: ArcSwap<BTreeMap<String, String>>,
     /// Broker configs given at start (`--broker-config`), beneath the dynamic ones.
     static_broker_configs: ArcSwap<BTreeMap<String, String>>,
-    /// The static configs overlaid with the dynamic ones: what the broker runs with.
+    /// This broker's own dynamic configs (`kafka-configs --entity-name <id>`), above the
+    /// cluster-wide ones: `broker-configs-by-id.json` holds every broker's, by id, so on a
+    /// shared volume one broker's override applies to that broker only, as in Kafka.
+    own_broker_configs: ArcSwap<BTreeMap<String, String>>,
+    /// Whose entry of `broker-configs-by-id.json` is [`Catalog::own_broker_configs`].
+    broker_id: AtomicI32,
+    /// The static configs overlaid with the cluster-wide dynamic ones, then with this
+    /// broker's own: what the broker runs with.
     effective_broker_configs: ArcSwap<BTreeMap<String, String>>,
     /// Per-group configs (Kafka 4's GROUP resource, e.g. `consumer.session.timeout.ms`), by
     /// group id; see `groups::config::GROUP_SETTINGS`.
@@ -350,6 +375,8 @@ impl Catalog {
         Ok(Catalog {
             effective_broker_configs: ArcSwap::from_pointee(broker_configs.clone()),
             static_broker_configs: ArcSwap::from_pointee(BTreeMap::new()),
+            own_broker_configs: ArcSwap::from_pointee(BTreeMap::new()),
+            broker_id: AtomicI32::new(NO_BROKER_ID),
             broker_configs: ArcSwap::from_pointee(broker_configs),
             group_configs: ArcSwap::from_pointee(group_configs),
             dir,
@@ -388,9 +415,12 @@ impl Catalog {
         }
         let configs: BTreeMap<String, String> =
             load_json(&self.dir.join("broker-configs.json"))?.unwrap_or_default();
-        let configs_changed = *self.broker_configs.load_full() != configs;
+        let own = self.load_own_broker_configs()?;
+        let configs_changed = *self.broker_configs.load_full() != configs
+            || *self.own_broker_configs.load_full() != own;
         if configs_changed {
             self.broker_configs.store(Arc::new(configs));
+            self.own_broker_configs.store(Arc::new(own));
             self.recompute_effective();
         }
         let groups: GroupConfigs =
@@ -621,9 +651,38 @@ impl Catalog {
         })
     }
 
-    /// The dynamic broker configs (what kafka-configs set). Lock-free.
+    /// The cluster-wide dynamic broker configs (`kafka-configs --entity-default`). Lock-free.
     pub fn broker_configs(&self) -> Arc<BTreeMap<String, String>> {
         self.broker_configs.load_full()
+    }
+
+    /// This broker's own dynamic configs (`kafka-configs --entity-name <id>`). Lock-free.
+    pub fn own_broker_configs(&self) -> Arc<BTreeMap<String, String>> {
+        self.own_broker_configs.load_full()
+    }
+
+    /// Says which broker this catalog serves (at start, before any shard runs), and loads
+    /// that broker's own dynamic configs.
+    pub fn set_broker_id(&self, id: i32) -> Result<(), CatalogError> {
+        assert!(
+            id >= 0,
+            "broker ids are not negative (the flag is range-checked)"
+        );
+        self.broker_id.store(id, Ordering::Relaxed);
+        self.own_broker_configs
+            .store(Arc::new(self.load_own_broker_configs()?));
+        self.recompute_effective();
+        Ok(())
+    }
+
+    fn load_own_broker_configs(&self) -> Result<BTreeMap<String, String>, CatalogError> {
+        let id = self.broker_id.load(Ordering::Relaxed);
+        if id == NO_BROKER_ID {
+            return Ok(BTreeMap::new());
+        }
+        let mut all: BrokerConfigsById =
+            load_json(&self.dir.join(BROKER_CONFIGS_BY_ID))?.unwrap_or_default();
+        Ok(all.remove(&id.to_string()).unwrap_or_default())
     }
 
     /// The broker configs given at start (`--broker-config`). Lock-free.
@@ -653,18 +712,20 @@ impl Catalog {
 
     fn recompute_effective(&self) {
         let mut all = (*self.static_broker_configs.load_full()).clone();
-        all.extend(
-            self.broker_configs
-                .load_full()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
+        for layer in [
+            self.broker_configs.load_full(),
+            self.own_broker_configs.load_full(),
+        ] {
+            all.extend(layer.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
         self.effective_broker_configs.store(Arc::new(all));
     }
 
-    /// Replaces the dynamic broker configs after validating every entry.
+    /// Replaces the dynamic broker configs of `scope` after validating every entry: the
+    /// cluster-wide defaults, or one broker's own (an empty map removes that broker's entry).
     pub fn set_broker_configs(
         &self,
+        scope: BrokerScope,
         configs: BTreeMap<String, String>,
         validate_only: bool,
     ) -> Result<(), CatalogError> {
@@ -676,8 +737,26 @@ impl Catalog {
         }
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let _lock = FileLock::take(&self.dir)?;
-        store_json(&self.dir.join("broker-configs.json"), &configs)?;
-        self.broker_configs.store(Arc::new(configs));
+        match scope {
+            BrokerScope::Default => {
+                store_json(&self.dir.join("broker-configs.json"), &configs)?;
+                self.broker_configs.store(Arc::new(configs));
+            }
+            BrokerScope::Broker(id) => {
+                // Read from the volume under the lock: other brokers keep their entries here.
+                let path = self.dir.join(BROKER_CONFIGS_BY_ID);
+                let mut all: BrokerConfigsById = load_json(&path)?.unwrap_or_default();
+                if configs.is_empty() {
+                    all.remove(&id.to_string());
+                } else {
+                    all.insert(id.to_string(), configs.clone());
+                }
+                store_json(&path, &all)?;
+                if id == self.broker_id.load(Ordering::Relaxed) {
+                    self.own_broker_configs.store(Arc::new(configs));
+                }
+            }
+        }
         self.recompute_effective();
         Ok(())
     }
@@ -934,5 +1013,55 @@ mod tests {
         assert_eq!(std::fs::read(meta.join("cluster.json")).unwrap(), bytes);
         let second = c.allocate_producer_id().unwrap();
         assert!(second > first, "{second} after {first}");
+    }
+
+    // A broker's own dynamic config (`--entity-name 0`) applies to that broker only, above the
+    // cluster-wide default, and removing it leaves the default in place. It used to be stored
+    // as the default itself: on a shared volume it applied to every broker, and deleting it
+    // from one entity deleted it from both.
+    #[test]
+    fn a_brokers_own_configs_sit_above_the_cluster_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = Catalog::open(dir.path()).unwrap();
+        let one = Catalog::open(dir.path()).unwrap();
+        zero.set_broker_id(0).unwrap();
+        one.set_broker_id(1).unwrap();
+        let map = |v: &str| BTreeMap::from([("log.retention.ms".to_string(), v.to_string())]);
+        let retention = |c: &Catalog| {
+            c.effective_broker_configs()
+                .get("log.retention.ms")
+                .cloned()
+        };
+        zero.set_broker_configs(BrokerScope::Default, map("1000"), false)
+            .unwrap();
+        zero.set_broker_configs(BrokerScope::Broker(0), map("2000"), false)
+            .unwrap();
+        one.reload().unwrap();
+        assert_eq!(retention(&zero).as_deref(), Some("2000"));
+        assert_eq!(
+            retention(&one).as_deref(),
+            Some("1000"),
+            "broker 0's own config stays its own"
+        );
+        assert_eq!(*zero.broker_configs(), map("1000"));
+        one.set_broker_configs(BrokerScope::Broker(1), map("3000"), false)
+            .unwrap();
+        zero.set_broker_configs(BrokerScope::Broker(0), BTreeMap::new(), false)
+            .unwrap();
+        one.reload().unwrap();
+        assert_eq!(
+            retention(&zero).as_deref(),
+            Some("1000"),
+            "the default is left in place"
+        );
+        assert_eq!(
+            retention(&one).as_deref(),
+            Some("3000"),
+            "broker 1's entry survives broker 0's removal"
+        );
+        // A restart loads its own entry.
+        let again = Catalog::open(dir.path()).unwrap();
+        again.set_broker_id(1).unwrap();
+        assert_eq!(retention(&again).as_deref(), Some("3000"));
     }
 }

@@ -160,6 +160,7 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
     }
     // Checked with the same rules when the flags were parsed; set before any shard reads it.
     catalog.set_static_broker_configs(config.static_broker_configs.clone())?;
+    catalog.set_broker_id(config.broker_id)?;
     let config = Arc::new(config);
     let disk = disk::DiskSpace::new(&config.data_dir, config.min_free_bytes).map_err(|e| {
         StartError::Shard {

@@ -556,35 +556,79 @@ fn validate_type(name: &str, value: &str, kind: ConfigType) -> Result<(), String
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Topic = 1,
+    /// This broker's own dynamic config (`kafka-configs --entity-name <id>`).
+    DynamicBroker = 2,
     DynamicBrokerDefault = 3,
     /// `--broker-config` at start (Kafka's server.properties).
     StaticBroker = 4,
     Default = 5,
 }
 
-/// As [`resolve`], with the broker's static configs (`--broker-config`) beneath its dynamic
-/// ones: topic override, dynamic default, static default, built-in default.
+/// The broker's layers of topic defaults, highest first: its own dynamic configs, the
+/// cluster-wide dynamic defaults, its static configs (`--broker-config`).
+pub struct BrokerLayers<'a> {
+    pub own: &'a BTreeMap<String, String>,
+    pub default: &'a BTreeMap<String, String>,
+    pub static_: &'a BTreeMap<String, String>,
+}
+
+/// As [`resolve`], through every broker layer, as Kafka layers them: the topic's override,
+/// this broker's dynamic config, the cluster-wide dynamic default, the static config, the
+/// built-in default; each reported with its source.
 pub fn resolve_layered<'a>(
     topic: &'a BTreeMap<String, String>,
-    dynamic: &'a BTreeMap<String, String>,
-    static_: &'a BTreeMap<String, String>,
+    broker: &BrokerLayers<'a>,
     name: &str,
 ) -> Option<(&'a str, Source)> {
-    if let Some((v, s @ (Source::Topic | Source::DynamicBrokerDefault))) =
-        resolve(topic, dynamic, name)
-    {
-        return Some((v, s));
+    if let Some(v) = topic.get(name) {
+        return Some((v.as_str(), Source::Topic));
     }
-    resolve(topic, static_, name).map(|(v, s)| {
-        (
-            v,
-            if s == Source::DynamicBrokerDefault {
-                Source::StaticBroker
-            } else {
-                s
-            },
-        )
-    })
+    if let Some((b, _)) = BROKER_DEFAULTS.iter().find(|(_, t)| *t == name) {
+        for (layer, source) in [
+            (broker.own, Source::DynamicBroker),
+            (broker.default, Source::DynamicBrokerDefault),
+            (broker.static_, Source::StaticBroker),
+        ] {
+            if let Some(v) = layer.get(*b) {
+                return Some((v.as_str(), source));
+            }
+        }
+    }
+    lookup(name).map(|d| (d.default, Source::Default))
+}
+
+/// Every layer that sets topic config `name`, highest first, as DescribeConfigs lists its
+/// synonyms: the topic's own value, then the broker config of each broker layer that has one,
+/// then the built-in default (under the broker config's name where there is one, as Kafka
+/// names its defaults).
+pub fn synonyms<'a>(
+    topic: &'a BTreeMap<String, String>,
+    broker: &BrokerLayers<'a>,
+    name: &'a str,
+) -> Vec<(&'a str, &'a str, Source)> {
+    let mut out = Vec::new();
+    if let Some(v) = topic.get(name) {
+        out.push((name, v.as_str(), Source::Topic));
+    }
+    let broker_name = BROKER_DEFAULTS
+        .iter()
+        .find(|(_, t)| *t == name)
+        .map(|(b, _)| *b);
+    if let Some(b) = broker_name {
+        for (layer, source) in [
+            (broker.own, Source::DynamicBroker),
+            (broker.default, Source::DynamicBrokerDefault),
+            (broker.static_, Source::StaticBroker),
+        ] {
+            if let Some(v) = layer.get(b) {
+                out.push((b, v.as_str(), source));
+            }
+        }
+    }
+    if let Some(d) = lookup(name) {
+        out.push((broker_name.unwrap_or(name), d.default, Source::Default));
+    }
+    out
 }
 
 /// The effective value of topic config `name`: the topic's override, else the broker's
@@ -697,8 +741,8 @@ pub fn max_message_bytes(
 mod tests {
     use super::*;
 
-    // Kafka's layering: the topic's own value, then the dynamic broker default, then the
-    // static one (server.properties here: --broker-config), then the built-in default; each
+    // Kafka's layering: the topic's own value, then this broker's dynamic config, then the
+    // dynamic broker default, then the static one (server.properties here: --broker-config), then the built-in default; each
     // reported with its source.
     #[test]
     fn static_broker_configs_sit_beneath_the_dynamic_ones() {
@@ -712,10 +756,44 @@ mod tests {
         let statics = map(&[("log.retention.ms", "1000"), ("log.segment.bytes", "2000")]);
         let dynamic = map(&[("log.retention.ms", "3000")]);
         let topic = map(&[("segment.bytes", "4000")]);
-        let got = |t, d, name| resolve_layered(t, d, &statics, name);
+        let got = |t, d, name| {
+            let layers = BrokerLayers {
+                own: &none,
+                default: d,
+                static_: &statics,
+            };
+            resolve_layered(t, &layers, name)
+        };
         assert_eq!(
             got(&none, &none, "retention.ms"),
             Some(("1000", Source::StaticBroker))
+        );
+        let own = map(&[("log.retention.ms", "5000")]);
+        let layers = BrokerLayers {
+            own: &own,
+            default: &dynamic,
+            static_: &statics,
+        };
+        assert_eq!(
+            resolve_layered(&none, &layers, "retention.ms"),
+            Some(("5000", Source::DynamicBroker))
+        );
+        let topic_retention = map(&[("retention.ms", "6000")]);
+        let listed: Vec<(&str, &str, Source)> = synonyms(&topic_retention, &layers, "retention.ms");
+        assert_eq!(
+            listed,
+            vec![
+                ("retention.ms", "6000", Source::Topic),
+                ("log.retention.ms", "5000", Source::DynamicBroker),
+                ("log.retention.ms", "3000", Source::DynamicBrokerDefault),
+                ("log.retention.ms", "1000", Source::StaticBroker),
+                ("log.retention.ms", "604800000", Source::Default),
+            ],
+            "every layer, highest first: the first is the effective value"
+        );
+        assert_eq!(
+            synonyms(&none, &layers, "cleanup.policy"),
+            vec![("log.cleanup.policy", "delete", Source::Default)]
         );
         assert_eq!(
             got(&none, &dynamic, "retention.ms"),

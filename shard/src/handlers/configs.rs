@@ -5,13 +5,15 @@
 //! (`log.retention.ms`, `log.segment.bytes`, ... see `topic_config::BROKER_DEFAULTS`) can be
 //! changed at run time and are stored with the topic catalog, as are `max.connections` and
 //! `max.connections.per.ip`; Kafka's other dynamic broker configs are accepted and stored
-//! without effect (`topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT`).
+//! without effect (`topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT`). As in Kafka, a broker's own
+//! dynamic configs (`--entity-name <id>`) sit above the cluster-wide ones (`--entity-default`),
+//! which sit above the static ones (`--broker-config`).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use kaas_wire::kafka_protocol::messages::describe_configs_response::{
-    DescribeConfigsResourceResult, DescribeConfigsResult,
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
 };
 use kaas_wire::kafka_protocol::messages::{
     alter_configs_response, incremental_alter_configs_response, AlterConfigsRequest,
@@ -21,7 +23,7 @@ use kaas_wire::kafka_protocol::messages::{
 use kaas_wire::kafka_protocol::protocol::StrBytes;
 
 use super::admin::{broadcast_topic_config, SOURCE_DEFAULT};
-use crate::catalog::CatalogError;
+use crate::catalog::{BrokerScope, CatalogError};
 use crate::errors;
 use crate::groups::config::GROUP_SETTINGS;
 use crate::shard::Shard;
@@ -42,11 +44,7 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
-    let snapshot = shard.catalog.snapshot();
-    let broker_dynamic = shard.catalog.broker_configs();
-    let broker_static = shard.catalog.static_broker_configs();
     let results = req
         .resources
         .iter()
@@ -59,145 +57,214 @@ pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> Descr
             let base = DescribeConfigsResult::default()
                 .with_resource_type(r.resource_type)
                 .with_resource_name(r.resource_name.clone());
-            match r.resource_type {
-                RESOURCE_TOPIC => match snapshot.get(r.resource_name.as_str()) {
-                    None => base
-                        .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
-                        .with_error_message(Some(s(&format!(
-                            "Topic '{}' does not exist.",
-                            r.resource_name.as_str()
-                        )))),
-                    Some(t) => base.with_configs(
-                        TOPIC_CONFIGS
-                            .iter()
-                            .filter(|d| wanted(d.name))
-                            .map(|d| {
-                                let (value, source) = topic_config::resolve_layered(
-                                    &t.configs,
-                                    &broker_dynamic,
-                                    &broker_static,
-                                    d.name,
-                                )
-                                .map(|(v, src)| (v, src as i8))
-                                .unwrap_or((d.default, SOURCE_DEFAULT));
-                                entry(
-                                    d.name,
-                                    value,
-                                    source,
-                                    d.kind,
-                                    false,
-                                    req.include_documentation.then_some(d.doc),
-                                )
-                            })
-                            .collect(),
-                    ),
-                },
-                RESOURCE_BROKER => {
-                    let id = r.resource_name.as_str();
-                    if !id.is_empty() && id != shard.config.broker_id.to_string() {
-                        return base
-                            .with_error_code(errors::INVALID_REQUEST)
-                            .with_error_message(Some(s(&format!(
-                                "Broker {id} is not this broker ({})",
-                                shard.config.broker_id
-                            ))));
-                    }
-                    // Dynamic defaults first (source DYNAMIC_DEFAULT_BROKER_CONFIG), then the
-                    // static settings from flags, as Kafka lists them.
-                    let mut configs: Vec<_> = topic_config::BROKER_DEFAULTS
-                        .iter()
-                        .filter(|(n, _)| wanted(n))
-                        .filter_map(|(n, _)| {
-                            broker_dynamic.get(*n).map(|v| {
-                                broker_entry(
-                                    n,
-                                    v,
-                                    topic_config::Source::DynamicBrokerDefault as i8,
-                                    false,
-                                    None,
-                                )
-                            })
-                        })
-                        .collect();
-                    // Kafka's dynamic broker configs kaas stores without effect: reported as
-                    // set, and sensitive ones without their value, as Kafka does.
-                    configs.extend(broker_dynamic.iter().filter(|(n, _)| wanted(n)).filter_map(
-                        |(n, v)| {
-                            let limit = topic_config::CONNECTION_LIMITS.contains(&n.as_str());
-                            if !limit && topic_config::accepted_without_effect(n).is_none() {
-                                return None;
-                            }
-                            Some(broker_entry(
-                                n,
-                                v,
-                                topic_config::Source::DynamicBrokerDefault as i8,
-                                false,
-                                req.include_documentation.then_some(if limit {
-                                    "Set at run time; replaces the flag of the same name \
-                                         for new connections."
-                                } else {
-                                    "A Kafka dynamic broker config that kaas accepts and \
-                                         stores for compatibility; it has no effect in kaas."
-                                }),
-                            ))
-                        },
-                    ));
-                    // `--broker-config` at start, where no dynamic config replaces it.
-                    configs.extend(
-                        broker_static
-                            .iter()
-                            .filter(|(n, _)| wanted(n) && !broker_dynamic.contains_key(*n))
-                            .map(|(n, v)| broker_entry(n, v, SOURCE_STATIC_BROKER, true, None)),
-                    );
-                    configs.extend(
-                        broker_configs(shard)
-                            .into_iter()
-                            .filter(|(n, _, _)| {
-                                wanted(n)
-                                    && !broker_dynamic.contains_key(*n)
-                                    && !broker_static.contains_key(*n)
-                            })
-                            .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None)),
-                    );
-                    base.with_configs(configs)
-                }
-                RESOURCE_GROUP => {
-                    // Every group config, for a group that exists or not (as Kafka: the
-                    // configs of a group id can be set before its first member joins).
-                    let all = shard.catalog.group_configs();
-                    let overrides = all.get(r.resource_name.as_str());
-                    let cfg = &shard.groups.config;
-                    base.with_configs(
-                        GROUP_SETTINGS
-                            .iter()
-                            .filter(|g| wanted(g.name))
-                            .filter_map(|g| {
-                                let (v, set) = cfg.group_value(g.name, overrides)?;
-                                Some(entry(
-                                    g.name,
-                                    &v.to_string(),
-                                    if set {
-                                        SOURCE_DYNAMIC_GROUP
-                                    } else {
-                                        SOURCE_DEFAULT
-                                    },
-                                    ConfigType::Int,
-                                    false,
-                                    req.include_documentation.then(|| g.broker_setting().doc),
-                                ))
-                            })
-                            .collect(),
-                    )
-                }
-                other => base
-                    .with_error_code(errors::INVALID_REQUEST)
-                    .with_error_message(Some(s(&format!(
-                        "Resource type {other} is not supported"
-                    )))),
+            let name = r.resource_name.as_str();
+            let described = match r.resource_type {
+                RESOURCE_TOPIC => describe_topic(shard, &req, name, &wanted),
+                RESOURCE_BROKER => describe_broker(shard, &req, name, &wanted),
+                RESOURCE_GROUP => Ok(describe_group(shard, &req, name, &wanted)),
+                other => Err((
+                    errors::INVALID_REQUEST,
+                    format!("Resource type {other} is not supported"),
+                )),
+            };
+            match described {
+                Ok(configs) => base.with_configs(configs),
+                Err((code, message)) => base
+                    .with_error_code(code)
+                    .with_error_message(Some(s(&message))),
             }
         })
         .collect();
     DescribeConfigsResponse::default().with_results(results)
+}
+
+/// A topic's configs: each with its effective value and source, and (when asked) every layer
+/// that sets it.
+fn describe_topic(
+    shard: &Shard,
+    req: &DescribeConfigsRequest,
+    topic: &str,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<Vec<DescribeConfigsResourceResult>, (i16, String)> {
+    let snapshot = shard.catalog.snapshot();
+    let Some(t) = snapshot.get(topic) else {
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("Topic '{topic}' does not exist."),
+        ));
+    };
+    let (own, default, static_) = (
+        shard.catalog.own_broker_configs(),
+        shard.catalog.broker_configs(),
+        shard.catalog.static_broker_configs(),
+    );
+    let layers = topic_config::BrokerLayers {
+        own: &own,
+        default: &default,
+        static_: &static_,
+    };
+    Ok(TOPIC_CONFIGS
+        .iter()
+        .filter(|d| wanted(d.name))
+        .map(|d| {
+            let (value, source) = topic_config::resolve_layered(&t.configs, &layers, d.name)
+                .map(|(v, src)| (v, src as i8))
+                .unwrap_or((d.default, SOURCE_DEFAULT));
+            let e = entry(
+                d.name,
+                value,
+                source,
+                d.kind,
+                false,
+                req.include_documentation.then_some(d.doc),
+            );
+            // Asked for from v1 on, where the field exists.
+            if !req.include_synonyms {
+                return e;
+            }
+            e.with_synonyms(
+                topic_config::synonyms(&t.configs, &layers, d.name)
+                    .into_iter()
+                    .map(|(n, v, src)| {
+                        DescribeConfigsSynonym::default()
+                            .with_name(s(n))
+                            .with_value(Some(s(v)))
+                            .with_source(src as i8)
+                    })
+                    .collect(),
+            )
+        })
+        .collect())
+}
+
+/// The broker's configs. The default entity (an empty name) lists the cluster-wide dynamic
+/// configs only, as Kafka does. This broker lists its own dynamic configs
+/// (DYNAMIC_BROKER_CONFIG), the cluster-wide ones it does not override
+/// (DYNAMIC_DEFAULT_BROKER_CONFIG), then its static settings.
+fn describe_broker(
+    shard: &Shard,
+    req: &DescribeConfigsRequest,
+    id: &str,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<Vec<DescribeConfigsResourceResult>, (i16, String)> {
+    if !id.is_empty() && id != shard.config.broker_id.to_string() {
+        return Err((
+            errors::INVALID_REQUEST,
+            format!(
+                "Broker {id} is not this broker ({})",
+                shard.config.broker_id
+            ),
+        ));
+    }
+    let own = shard.catalog.own_broker_configs();
+    let default = shard.catalog.broker_configs();
+    let static_ = shard.catalog.static_broker_configs();
+    let layers: Vec<(&BTreeMap<String, String>, topic_config::Source)> = if id.is_empty() {
+        vec![(&default, topic_config::Source::DynamicBrokerDefault)]
+    } else {
+        vec![
+            (&own, topic_config::Source::DynamicBroker),
+            (&default, topic_config::Source::DynamicBrokerDefault),
+        ]
+    };
+    let mut listed = std::collections::BTreeSet::new();
+    let mut configs = Vec::new();
+    for (layer, source) in layers {
+        let fresh: BTreeMap<String, String> = layer
+            .iter()
+            .filter(|(n, _)| wanted(n) && !listed.contains(n.as_str()))
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        configs.extend(dynamic_entries(&fresh, source, req.include_documentation));
+        listed.extend(fresh.into_keys());
+    }
+    if id.is_empty() {
+        return Ok(configs);
+    }
+    // `--broker-config` at start, where no dynamic config replaces it.
+    configs.extend(
+        static_
+            .iter()
+            .filter(|(n, _)| wanted(n) && !listed.contains(n.as_str()))
+            .map(|(n, v)| broker_entry(n, v, SOURCE_STATIC_BROKER, true, None)),
+    );
+    configs.extend(
+        broker_configs(shard)
+            .into_iter()
+            .filter(|(n, _, _)| wanted(n) && !listed.contains(*n) && !static_.contains_key(*n))
+            .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None)),
+    );
+    Ok(configs)
+}
+
+/// Every group config, for a group that exists or not (as Kafka: the configs of a group id
+/// can be set before its first member joins).
+fn describe_group(
+    shard: &Shard,
+    req: &DescribeConfigsRequest,
+    group: &str,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Vec<DescribeConfigsResourceResult> {
+    let all = shard.catalog.group_configs();
+    let overrides = all.get(group);
+    let cfg = &shard.groups.config;
+    GROUP_SETTINGS
+        .iter()
+        .filter(|g| wanted(g.name))
+        .filter_map(|g| {
+            let (v, set) = cfg.group_value(g.name, overrides)?;
+            Some(entry(
+                g.name,
+                &v.to_string(),
+                if set {
+                    SOURCE_DYNAMIC_GROUP
+                } else {
+                    SOURCE_DEFAULT
+                },
+                ConfigType::Int,
+                false,
+                req.include_documentation.then(|| g.broker_setting().doc),
+            ))
+        })
+        .collect()
+}
+
+/// The description entries of one layer of dynamic broker configs: the topic defaults first,
+/// in Kafka's order, then the connection limits and the Kafka configs kaas stores without
+/// effect (sensitive ones without their value, as Kafka reports them).
+fn dynamic_entries(
+    layer: &BTreeMap<String, String>,
+    source: topic_config::Source,
+    include_documentation: bool,
+) -> Vec<DescribeConfigsResourceResult> {
+    let source = source as i8;
+    let mut out: Vec<_> = topic_config::BROKER_DEFAULTS
+        .iter()
+        .filter_map(|(n, _)| {
+            layer
+                .get(*n)
+                .map(|v| broker_entry(n, v, source, false, None))
+        })
+        .collect();
+    out.extend(layer.iter().filter_map(|(n, v)| {
+        let limit = topic_config::CONNECTION_LIMITS.contains(&n.as_str());
+        if !limit && topic_config::accepted_without_effect(n).is_none() {
+            return None;
+        }
+        Some(broker_entry(
+            n,
+            v,
+            source,
+            false,
+            include_documentation.then_some(if limit {
+                "Set at run time; replaces the flag of the same name for new connections."
+            } else {
+                "A Kafka dynamic broker config that kaas accepts and stores for \
+                 compatibility; it has no effect in kaas."
+            }),
+        ))
+    }));
+    out
 }
 
 fn entry(
@@ -330,12 +397,17 @@ async fn apply_broker(
             ),
         ));
     }
+    let scope = if resource_name.is_empty() {
+        BrokerScope::Default
+    } else {
+        BrokerScope::Broker(shard.config.broker_id)
+    };
     shard
         .catalog
-        .set_broker_configs(configs.clone(), validate_only)
+        .set_broker_configs(scope, configs.clone(), validate_only)
         .map_err(|e| (errors::catalog(&e), e.to_string()))?;
     if !validate_only {
-        tracing::info!(?configs, "altered dynamic broker configs");
+        tracing::info!(?scope, ?configs, "altered dynamic broker configs");
         let everyone = (0..shard.nshards).map(|i| (i, ())).collect();
         super::per_partition(
             shard,
@@ -451,18 +523,29 @@ pub async fn incremental_alter_configs(
                 },
             },
             RESOURCE_BROKER => {
-                let current = shard.catalog.broker_configs();
+                // A broker's own configs sit above the cluster-wide ones.
+                let (current, beneath) = if r.resource_name.is_empty() {
+                    (shard.catalog.broker_configs(), Default::default())
+                } else {
+                    (
+                        shard.catalog.own_broker_configs(),
+                        shard.catalog.broker_configs(),
+                    )
+                };
                 // APPEND and SUBTRACT start from the effective value, the default included, as
                 // in Kafka: APPEND compact to log.cleanup.policy gives "delete,compact", and
                 // SUBTRACT compact then "delete" (starting from nothing left the broker's
                 // default at "compact" for every later topic: librdkafka's 0081 then 0086).
                 match apply_ops(&current, &r.configs, |m, name| {
-                    m.get(name).cloned().unwrap_or_else(|| {
-                        topic_config::topic_key_for_broker(name)
-                            .and_then(topic_config::lookup)
-                            .map(|d| d.default.to_string())
-                            .unwrap_or_default()
-                    })
+                    m.get(name)
+                        .or_else(|| beneath.get(name))
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            topic_config::topic_key_for_broker(name)
+                                .and_then(topic_config::lookup)
+                                .map(|d| d.default.to_string())
+                                .unwrap_or_default()
+                        })
                 }) {
                     Ok(configs) => {
                         apply_broker(shard, r.resource_name.as_str(), configs, req.validate_only)
