@@ -596,9 +596,17 @@ impl Catalog {
     pub fn set_topic_configs(
         &self,
         name: &str,
-        configs: BTreeMap<String, String>,
+        mut configs: BTreeMap<String, String>,
         validate_only: bool,
     ) -> Result<Arc<TopicMeta>, CatalogError> {
+        // A config Kafka 4 removed, carried over from the topic's current ones, is dropped;
+        // set anew, it is refused below.
+        if let Some(current) = self.snapshot().get(name) {
+            configs.retain(|k, v| {
+                !(topic_config::REMOVED_IN_KAFKA_4.contains(&k.as_str())
+                    && current.configs.get(k) == Some(v))
+            });
+        }
         for (k, v) in &configs {
             topic_config::validate(k, v).map_err(CatalogError::InvalidConfig)?;
         }
@@ -1063,5 +1071,39 @@ mod tests {
         let again = Catalog::open(dir.path()).unwrap();
         again.set_broker_id(1).unwrap();
         assert_eq!(retention(&again).as_deref(), Some("3000"));
+    }
+
+    // Kafka 4 removed two topic configs. Set anew they are refused, as Kafka 4 refuses them; a
+    // topic that has one from an earlier kaas keeps taking config changes and drops it.
+    #[test]
+    fn configs_kafka_4_removed_are_refused_and_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        c.create_topic("t", 1, -1, BTreeMap::new()).unwrap();
+        let legacy = BTreeMap::from([(
+            "message.timestamp.difference.max.ms".to_string(),
+            "1000".to_string(),
+        )]);
+        let e = c.set_topic_configs("t", legacy.clone(), false).unwrap_err();
+        assert!(e.to_string().contains("Kafka 4.0 removed it"), "{e}");
+        // As an earlier kaas stored it.
+        let path = dir.path().join("__meta").join("topics.json");
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let text = doc.to_string().replace(
+            "\"configs\":{}",
+            "\"configs\":{\"message.timestamp.difference.max.ms\":\"1000\"}",
+        );
+        doc = serde_json::from_str(&text).unwrap();
+        std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        assert_eq!(c.snapshot().get("t").unwrap().configs, legacy);
+        let mut next = legacy;
+        next.insert("retention.ms".into(), "5000".into());
+        let t = c.set_topic_configs("t", next, false).unwrap();
+        assert_eq!(
+            t.configs,
+            BTreeMap::from([("retention.ms".to_string(), "5000".to_string())])
+        );
     }
 }

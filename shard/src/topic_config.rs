@@ -189,6 +189,14 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         min: -131072,
     },
     ConfigDef {
+        name: "errors.deadletterqueue.group.enable",
+        default: "false",
+        kind: ConfigType::Boolean,
+        doc: "Accepted, no effect: kaas serves no Kafka Streams groups, whose dead-letter queues this enables",
+        one_of: &[],
+        min: 0,
+    },
+    ConfigDef {
         name: "file.delete.delay.ms",
         default: "60000",
         kind: ConfigType::Long,
@@ -237,10 +245,10 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         min: 1,
     },
     ConfigDef {
-        name: "message.downconversion.enable",
-        default: "true",
-        kind: ConfigType::Boolean,
-        doc: "Accepted, no effect: kaas serves record batches (magic 2) only",
+        name: "max.decompressed.message.bytes",
+        default: "2147483639",
+        kind: ConfigType::Int,
+        doc: "Accepted, no effect: kaas stores batches as sent and does not bound their decompressed size",
         one_of: &[],
         min: 0,
     },
@@ -263,20 +271,28 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         min: 0,
     },
     ConfigDef {
-        name: "message.timestamp.difference.max.ms",
-        default: "9223372036854775807",
-        kind: ConfigType::Long,
-        doc: "Accepted, no effect: kaas does not refuse records by timestamp",
-        one_of: &[],
-        min: 0,
-    },
-    ConfigDef {
         name: "preallocate",
         default: "false",
         kind: ConfigType::Boolean,
         doc: "Accepted, no effect: --sync-scope decides how segments are preallocated",
         one_of: &[],
         min: 0,
+    },
+    ConfigDef {
+        name: "remote.copy.lag.bytes",
+        default: "-1",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: -1,
+    },
+    ConfigDef {
+        name: "remote.copy.lag.ms",
+        default: "0",
+        kind: ConfigType::Long,
+        doc: "Accepted, no effect: kaas has no tiered storage",
+        one_of: &[],
+        min: -1,
     },
     ConfigDef {
         name: "remote.log.copy.disable",
@@ -339,7 +355,20 @@ pub fn lookup(name: &str) -> Option<&'static ConfigDef> {
 }
 
 /// Why a config value was refused (becomes INVALID_CONFIG with this message).
+/// Topic configs Kafka 4.0 removed (KIP-724 and the message format v0/v1 removal): refused in
+/// a new setting as Kafka 4 refuses them. A topic that already has one (set through an earlier
+/// kaas) keeps working, and drops it at its next config change (`Catalog::set_topic_configs`).
+pub const REMOVED_IN_KAFKA_4: &[&str] = &[
+    "message.downconversion.enable",
+    "message.timestamp.difference.max.ms",
+];
+
 pub fn validate(name: &str, value: &str) -> Result<(), String> {
+    if REMOVED_IN_KAFKA_4.contains(&name) {
+        return Err(format!(
+            "Unknown topic config name: {name} (Kafka 4.0 removed it; kaas follows Kafka 4)"
+        ));
+    }
     let def = lookup(name).ok_or_else(|| format!("Unknown topic config name: {name}"))?;
     match def.kind {
         ConfigType::Int | ConfigType::Long => {
