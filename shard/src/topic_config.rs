@@ -354,7 +354,6 @@ pub fn lookup(name: &str) -> Option<&'static ConfigDef> {
         .find(|d| d.name == name)
 }
 
-/// Why a config value was refused (becomes INVALID_CONFIG with this message).
 /// Topic configs Kafka 4.0 removed (KIP-724 and the message format v0/v1 removal): refused in
 /// a new setting as Kafka 4 refuses them. A topic that already has one (set through an earlier
 /// kaas) keeps working, and drops it at its next config change (`Catalog::set_topic_configs`).
@@ -363,6 +362,7 @@ pub const REMOVED_IN_KAFKA_4: &[&str] = &[
     "message.timestamp.difference.max.ms",
 ];
 
+/// Why a config value was refused (becomes INVALID_CONFIG with this message).
 pub fn validate(name: &str, value: &str) -> Result<(), String> {
     if REMOVED_IN_KAFKA_4.contains(&name) {
         return Err(format!(
@@ -603,27 +603,16 @@ pub struct BrokerLayers<'a> {
 
 /// As [`resolve`], through every broker layer, as Kafka layers them: the topic's override,
 /// this broker's dynamic config, the cluster-wide dynamic default, the static config, the
-/// built-in default; each reported with its source.
+/// built-in default; each reported with its source. The highest of [`synonyms`].
 pub fn resolve_layered<'a>(
     topic: &'a BTreeMap<String, String>,
     broker: &BrokerLayers<'a>,
-    name: &str,
+    name: &'a str,
 ) -> Option<(&'a str, Source)> {
-    if let Some(v) = topic.get(name) {
-        return Some((v.as_str(), Source::Topic));
-    }
-    if let Some((b, _)) = BROKER_DEFAULTS.iter().find(|(_, t)| *t == name) {
-        for (layer, source) in [
-            (broker.own, Source::DynamicBroker),
-            (broker.default, Source::DynamicBrokerDefault),
-            (broker.static_, Source::StaticBroker),
-        ] {
-            if let Some(v) = layer.get(*b) {
-                return Some((v.as_str(), source));
-            }
-        }
-    }
-    lookup(name).map(|d| (d.default, Source::Default))
+    synonyms(topic, broker, name)
+        .into_iter()
+        .next()
+        .map(|(_, v, source)| (v, source))
 }
 
 /// Every layer that sets topic config `name`, highest first, as DescribeConfigs lists its

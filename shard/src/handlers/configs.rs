@@ -147,15 +147,7 @@ fn describe_broker(
     id: &str,
     wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<DescribeConfigsResourceResult>, (i16, String)> {
-    if !id.is_empty() && id != shard.config.broker_id.to_string() {
-        return Err((
-            errors::INVALID_REQUEST,
-            format!(
-                "Broker {id} is not this broker ({})",
-                shard.config.broker_id
-            ),
-        ));
-    }
+    this_broker(shard, id)?;
     let own = shard.catalog.own_broker_configs();
     let default = shard.catalog.broker_configs();
     let static_ = shard.catalog.static_broker_configs();
@@ -227,6 +219,22 @@ fn describe_group(
             ))
         })
         .collect()
+}
+
+/// Refuses a broker resource naming another broker: each broker describes and alters its own
+/// configs (admin clients send a broker's resource to that broker); the empty name is the
+/// cluster-wide default entity.
+fn this_broker(shard: &Shard, id: &str) -> Result<(), (i16, String)> {
+    if id.is_empty() || id == shard.config.broker_id.to_string() {
+        return Ok(());
+    }
+    Err((
+        errors::INVALID_REQUEST,
+        format!(
+            "Broker {id} is not this broker ({})",
+            shard.config.broker_id
+        ),
+    ))
 }
 
 /// The description entries of one layer of dynamic broker configs: the topic defaults first,
@@ -388,15 +396,7 @@ async fn apply_broker(
     configs: BTreeMap<String, String>,
     validate_only: bool,
 ) -> Result<(), (i16, String)> {
-    if !resource_name.is_empty() && resource_name != shard.config.broker_id.to_string() {
-        return Err((
-            errors::INVALID_REQUEST,
-            format!(
-                "Broker {resource_name} is not this broker ({})",
-                shard.config.broker_id
-            ),
-        ));
-    }
+    this_broker(shard, resource_name)?;
     let scope = if resource_name.is_empty() {
         BrokerScope::Default
     } else {
