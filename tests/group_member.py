@@ -10,9 +10,11 @@ the consumer.
 
 Each output line is `partition offset value`, flushed to the kernel before the offset is
 stored, so a SIGKILL loses no processed line. Stops on SIGTERM (closing the consumer, which
-commits and leaves the group)."""
+commits and leaves the group). KAAS_MEMBER_DEBUG=cgrp,fetch turns on librdkafka's debug log
+(to the member's stderr) to see what a failing run's member was told."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -27,6 +29,9 @@ def main() -> int:
         "enable.auto.offset.store": False,
         "topic.metadata.refresh.interval.ms": 2000, "log.connection.close": False,
     }
+    if os.environ.get("KAAS_MEMBER_DEBUG"):
+        # librdkafka's own log (to stderr, the member's .err file) for a failure's story.
+        conf["debug"] = os.environ["KAAS_MEMBER_DEBUG"]
     if protocol == "consumer":
         conf["group.protocol"] = "consumer"
     else:

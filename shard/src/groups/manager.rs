@@ -271,6 +271,20 @@ impl GroupManager {
         Ok(())
     }
 
+    /// [`GroupManager::claim`] for a request that only reads the group (or deletes it): a
+    /// group whose directory does not exist was never served by any broker (a claim creates
+    /// it first), so there is nothing to load and nothing is created for it — a scan of
+    /// unknown group ids leaves no directories behind.
+    pub async fn claim_existing(&self, group_id: &str) -> Result<(), GroupError> {
+        if self.shared_volume
+            && !self.claims.borrow().contains_key(group_id)
+            && !self.root.join(offsets::group_dir_name(group_id)).exists()
+        {
+            return Ok(());
+        }
+        self.claim(group_id).await
+    }
+
     /// Cluster mode: closes every group this broker no longer coordinates (its offset log is
     /// fsynced and closed first) and releases its lock, so the new coordinator can claim it.
     pub async fn release_unless(&self, keep: impl Fn(&str) -> bool) {

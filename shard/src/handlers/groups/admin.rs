@@ -134,7 +134,15 @@ pub async fn describe_groups(
         shard,
         items,
         |s, gid: String| async move {
-            s.groups.ready().await;
+            if let Err(e) = serve_here(&s, &gid, Access::Read).await {
+                return DescribedClassic {
+                    error: Some(e),
+                    state: String::new(),
+                    protocol_type: String::new(),
+                    protocol_data: String::new(),
+                    members: Vec::new(),
+                };
+            }
             describe_classic_on_owner(&s, &gid)
         },
         lost,
@@ -214,7 +222,9 @@ pub async fn delete_groups(shard: &Rc<Shard>, req: DeleteGroupsRequest) -> Delet
             if gid.is_empty() {
                 return errors::group(&invalid_group_id());
             }
-            s.groups.ready().await;
+            if let Err(e) = serve_here(&s, &gid, Access::Read).await {
+                return errors::group(&e);
+            }
             match s.groups.delete_group(&gid).await {
                 Ok(()) => errors::NONE,
                 Err(e) => errors::group(&e),

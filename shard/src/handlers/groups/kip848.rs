@@ -230,7 +230,12 @@ pub async fn consumer_group_describe(
         shard,
         items,
         move |s, gid: String| async move {
-            s.groups.ready().await;
+            if let Err(e) = serve_here(&s, &gid, Access::Read).await {
+                return DescribedConsumerGroup {
+                    error: Some(e),
+                    group: None,
+                };
+            }
             describe_consumer_on_owner(&s, &gid, version)
         },
         lost,

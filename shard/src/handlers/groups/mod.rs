@@ -70,10 +70,10 @@ fn unavailable() -> GroupError {
     GroupError::CoordinatorNotAvailable("the coordinator shard is shutting down".into())
 }
 
-/// Runs `f` on the shard that owns `group_id`, after that shard has loaded its groups. In
-/// cluster mode a group this broker does not coordinate is answered `failed(NotCoordinator)`,
-/// so the client looks the coordinator up again; a shard shutting down answers
-/// `failed(CoordinatorNotAvailable)`.
+/// Runs `f` on the shard that owns `group_id`, once this broker may serve the group
+/// ([`serve_here`]). A group this broker does not coordinate is answered
+/// `failed(NotCoordinator)`, so the client looks the coordinator up again; a shard shutting
+/// down answers `failed(CoordinatorNotAvailable)`.
 async fn on_group<R, F, Fut>(
     shard: &Rc<Shard>,
     group_id: &str,
@@ -85,17 +85,13 @@ where
     F: FnOnce(Rc<Shard>) -> Fut + Send + 'static,
     Fut: Future<Output = R> + 'static,
 {
-    if shard.cluster.coordinator(group_id) != Some(shard.cluster.me()) {
-        return failed(GroupError::NotCoordinator(format!(
-            "broker {} is not the coordinator of group {group_id}",
-            shard.cluster.me()
-        )));
+    if let Err(e) = coordinates(shard, group_id) {
+        return failed(e);
     }
     let owner = owner_shard(group_id, shard.nshards);
     let gid = group_id.to_string();
     let answer = on_shard(shard, owner, move |s: Rc<Shard>| async move {
-        s.groups.ready().await;
-        s.groups.claim(&gid).await?;
+        serve_here(&s, &gid, Access::Change).await?;
         Ok(f(s).await)
     })
     .await;
@@ -103,6 +99,43 @@ where
         Some(Ok(r)) => r,
         Some(Err(e)) => failed(e),
         None => failed(unavailable()),
+    }
+}
+
+/// Whether this broker coordinates `group_id` in the current view (always, single-node).
+fn coordinates(shard: &Shard, group_id: &str) -> Result<(), GroupError> {
+    if shard.cluster.coordinator(group_id) == Some(shard.cluster.me()) {
+        return Ok(());
+    }
+    Err(GroupError::NotCoordinator(format!(
+        "broker {} is not the coordinator of group {group_id}",
+        shard.cluster.me()
+    )))
+}
+
+/// What a request does with a group, for [`serve_here`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Joins, commits: the group is created when it does not exist.
+    Change,
+    /// Fetches offsets, describes, deletes: a group nobody ever served is answered as unknown,
+    /// and nothing is created on the volume for it.
+    Read,
+}
+
+/// On the shard that owns `group_id`: makes sure what this shard holds of the group is the
+/// group — this broker coordinates it, the shard has loaded its groups, and in cluster mode
+/// the broker holds the group's lock, so the group's state was loaded from the shared volume
+/// when the lock was taken. Every request that reads or changes a group passes here first. A
+/// broker that has not claimed a group has nothing of it in memory: an OffsetFetch answered
+/// from there says "no committed offset", and a consumer with auto.offset.reset=latest then
+/// starts past records nobody consumed.
+async fn serve_here(s: &Rc<Shard>, group_id: &str, access: Access) -> Result<(), GroupError> {
+    coordinates(s, group_id)?;
+    s.groups.ready().await;
+    match access {
+        Access::Change => s.groups.claim(group_id).await,
+        Access::Read => s.groups.claim_existing(group_id).await,
     }
 }
 

@@ -251,7 +251,14 @@ pub async fn offset_fetch(
         shard,
         items,
         |s, g| async move {
-            s.groups.ready().await;
+            if !g.group_id.is_empty() {
+                if let Err(e) = serve_here(&s, &g.group_id, Access::Read).await {
+                    return FetchedGroup {
+                        error: errors::group(&e),
+                        topics: Vec::new(),
+                    };
+                }
+            }
             fetch_on_owner(&s, g)
         },
         lost,
@@ -278,9 +285,21 @@ pub(super) fn offset_fetch_response(
             .map(|(w, a)| fetched_group(w, a, version, topic_id))
             .collect();
     } else {
-        let a = answers.into_iter().next().expect("one group");
+        let mut a = answers.into_iter().next().expect("one group");
         if version >= 2 {
             resp.error_code = a.error;
+        } else if a.error != errors::NONE && a.topics.is_empty() {
+            // v0-1 have no group error field: a refused group (NOT_COORDINATOR) is answered
+            // on every partition asked for, or the client would see no answer at all.
+            a.topics = wanted[0]
+                .topics
+                .iter()
+                .flatten()
+                .map(|(t, ps)| {
+                    let ps = ps.iter().map(|p| (*p, -1, -1, String::new(), a.error));
+                    (t.clone(), ps.collect())
+                })
+                .collect();
         }
         resp.topics = a
             .topics
