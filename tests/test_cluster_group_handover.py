@@ -14,6 +14,7 @@ exactly which request waits.
 """
 from __future__ import annotations
 
+import signal
 import socket
 import struct
 import time
@@ -116,6 +117,79 @@ def test_a_join_waiting_on_a_coordinator_that_hands_the_group_home_is_answered(m
     assert error == 0 and generation >= 1
     for s in (sa, sb, sc):
         s.close()
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+@logs_on_failure
+def test_a_group_keeps_its_generation_when_its_coordinator_moves(make_cluster, stop):
+    """The broker coordinating a classic group (two librdkafka consumers) stops — drained by
+    SIGTERM, or killed: the broker that takes the group over loads its generation from the
+    shared volume, as Kafka's new coordinator loads it from __consumer_offsets, and the
+    members carry on with the ids and partitions they had: no rebalance, nothing delivered
+    twice. Before, the group came back Empty at the new coordinator and every member was made
+    to rejoin."""
+    from confluent_kafka import Consumer, Producer
+    from test_cluster import create_topic
+
+    c = make_cluster(3)
+    c.wait_controller()
+    group, topic, partitions = "moving", "moving-t", 6
+    home = c.nodes[fnv1a_32(group.encode()) % 3]
+    create_topic(c.bootstrap(), topic, partitions)
+    # The session outlasts the move (a killed broker is declared dead within the failover
+    # bound): librdkafka also times its session out on its own side.
+    conf = {"bootstrap.servers": c.bootstrap(), "group.id": group,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 30_000,
+            "heartbeat.interval.ms": 1_000, "auto.commit.interval.ms": 1_000}
+    consumers = [Consumer(conf) for _ in range(2)]
+    seen: dict[bytes, int] = {}
+    assigned: list[int] = []
+
+    def produce(start: int, n: int) -> None:
+        p = Producer({"bootstrap.servers": c.bootstrap(), "enable.idempotence": True})
+        for i in range(start, start + n):
+            p.produce(topic, key=str(i).encode(), value=f"m{i}".encode())
+        assert p.flush(60) == 0, "records not acknowledged"
+
+    def step() -> None:
+        for consumer in consumers:
+            for m in consumer.consume(num_messages=500, timeout=0.05):
+                if m.error() is None:
+                    seen[m.value()] = seen.get(m.value(), 0) + 1
+
+    def wait(pred, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, f"{what} within {timeout}s"
+            step()
+
+    try:
+        for i, consumer in enumerate(consumers):
+            consumer.subscribe([topic], on_assign=lambda _c, _p, i=i: assigned.append(i))
+        wait(lambda: all(x.assignment() for x in consumers), 60, "both members get partitions")
+        produce(0, 200)
+        wait(lambda: len(seen) >= 200, 60, "the group consumes")
+        members = [x.memberid() for x in consumers]
+        rebalances = len(assigned)
+        if stop == "sigterm":
+            home.signal(signal.SIGTERM)
+            home.proc.wait(60)
+        else:
+            home.kill()
+        produce(200, 200)
+        wait(lambda: len(seen) >= 400, 90, "the group consumes after its coordinator moved")
+        # Heartbeats and commits at the new coordinator.
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            step()
+        print(f"{stop}: {len(assigned) - rebalances} rebalances after the move,"
+              f" {sum(n > 1 for n in seen.values())} records delivered twice")
+        assert [x.memberid() for x in consumers] == members, "the members were made to rejoin"
+        assert len(assigned) == rebalances, "the group rebalanced when its coordinator moved"
+        assert not [v for v, n in seen.items() if n > 1], "records delivered twice"
+    finally:
+        for consumer in consumers:
+            consumer.close()
 
 
 def offset_fetch_v1(node, group: str, topic: str, partitions: int) -> list[tuple[int, int]]:

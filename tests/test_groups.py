@@ -579,6 +579,67 @@ def test_group_survives_broker_restart(broker, protocol):
         g.close()
 
 
+@pytest.mark.restart
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_classic_group_keeps_its_generation_across_restart(broker, stop):
+    """A classic group (librdkafka, auto-commit every 5 s) rides through a broker restart
+    without a rebalance, as on Kafka, whose coordinator loads the group's generation from
+    __consumer_offsets: the members keep their ids and assignments, their next auto-commit is
+    taken, and no record is delivered twice. Before, the group came back Empty: the members
+    were told UNKNOWN_MEMBER_ID, rejoined with new ids, and their last auto-commit was refused,
+    so whatever they had read since the one before was delivered again."""
+    if broker.external:
+        pytest.skip("needs a broker the test can restart")
+    topic = unique_topic(f"gen-{stop}")
+    group = unique_topic(f"gen-group-{stop}")
+    create_topic(broker.bootstrap, topic, 4)
+    auto = {"enable.auto.commit": True, "auto.commit.interval.ms": 5000}
+    consumers = [rd_consumer(broker.bootstrap, group, "classic", **auto) for _ in range(2)]
+    seen: dict[bytes, int] = {}
+    assigned: list[int] = []
+
+    def step():
+        for c in consumers:
+            for m in c.consume(num_messages=500, timeout=0.02):
+                if m.error() is None:
+                    seen[m.value()] = seen.get(m.value(), 0) + 1
+
+    try:
+        for i, c in enumerate(consumers):
+            c.subscribe([topic], on_assign=lambda _c, _parts, i=i: assigned.append(i))
+        wait_until(lambda: all(c.assignment() for c in consumers), 60,
+                   "both members to get partitions", step=step)
+        rdkafka_produce(broker.bootstrap, topic, values("gen", 300))
+        wait_until(lambda: len(seen) >= 300, 60, "the group to consume", step=step)
+        members = [c.memberid() for c in consumers]
+        assignments = [sorted(tp.partition for tp in c.assignment()) for c in consumers]
+        rebalances = len(assigned)
+        # Within the auto-commit interval of reading: what was read is not all committed yet.
+        if stop == "sigterm":
+            broker.restart()
+        else:
+            broker.kill()
+            broker.start()
+        rdkafka_produce(broker.bootstrap, topic, values("gen", 300, start=300))
+        wait_until(lambda: len(seen) >= 600, 60, "the group to consume after the restart",
+                   step=step)
+        # Heartbeats and an auto-commit after the restart.
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            step()
+        assert [c.memberid() for c in consumers] == members, "the members were made to rejoin"
+        assert len(assigned) == rebalances, "the group rebalanced after the restart"
+        assert [sorted(tp.partition for tp in c.assignment()) for c in consumers] == assignments
+        twice = {v: n for v, n in seen.items() if n > 1}
+        assert not twice, f"{len(twice)} records delivered more than once"
+        wait_until(lambda: committed(broker.bootstrap, group, topic, 4)
+                   == end_offsets(broker.bootstrap, topic, 4), 30,
+                   "committed offsets at the end offsets", step=step)
+    finally:
+        for c in consumers:
+            c.close()
+
+
 # -- KIP-848 ----------------------------------------------------------------------------------
 
 
@@ -868,6 +929,25 @@ def test_group_admin_semantics(broker):
     unknown = unique_topic("never")
     d = admin.describe_groups([unknown])[unknown]
     assert d.get("group_state") == "Dead" or "GroupIdNotFound" in str(d.get("error")), d
+    # A group that never committed stays after its last member leaves, Empty, as on Kafka
+    # (until the offsets cleanup): listed, and deletable. It used to vanish at once, and
+    # DeleteGroups answered GROUP_ID_NOT_FOUND.
+    idle = unique_topic("sem-idle")
+    member = rd_consumer(broker.bootstrap, idle, "classic")
+    try:
+        member.subscribe([topic])
+        wait_until(lambda: len(member.assignment()) == 2, 30, "the idle member's assignment",
+                   step=lambda: member.poll(0.05))
+    finally:
+        member.close()
+    wait_until(lambda: admin.describe_groups([idle])[idle].get("group_state") == "Empty", 30,
+               "the idle group to be empty", interval=0.2)
+    time.sleep(1)  # many coordinator ticks
+    listed = admin.list_groups()
+    assert any(idle in (g.get("group_id"), g.get("group")) if isinstance(g, dict) else idle in g
+               for g in listed), listed
+    res = admin.delete_groups([idle])
+    assert res[idle] == "OK", res
     admin.close()
 
 

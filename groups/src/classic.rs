@@ -23,6 +23,9 @@ use uuid::Uuid;
 use crate::GroupError;
 
 mod join;
+mod stored;
+
+pub use stored::{SettledKey, StoredGroup, StoredMember};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClassicState {

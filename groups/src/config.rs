@@ -81,6 +81,16 @@ pub const SETTINGS: &[Setting] = &[
               live offsets once it holds several segments.",
     },
     Setting {
+        kafka_name: "offsets.retention.check.interval.ms",
+        env: "KAAS_GROUP_OFFSETS_RETENTION_CHECK_INTERVAL_MS",
+        default: 600_000,
+        min: 1,
+        max: 86_400_000,
+        doc: "A group with no members and no committed offsets is deleted (its directory \
+              removed) this long after it emptied; Kafka removes such a group at its next \
+              check of this interval.",
+    },
+    Setting {
         kafka_name: "group.consumer.rack.aware.traffic.weight",
         env: "KAAS_GROUP_RACK_AWARE_TRAFFIC_WEIGHT",
         default: 10,
@@ -184,6 +194,8 @@ pub struct GroupConfig {
     pub consumer_heartbeat_interval_ms: i32,
     pub offset_metadata_max_bytes: usize,
     pub offsets_segment_bytes: u64,
+    /// `offsets.retention.check.interval.ms`: how long an empty group without offsets stays.
+    pub empty_group_retention_ms: u64,
     /// `group.consumer.assignors`' first entry in Kafka: the assignor used when no member asks
     /// for one.
     pub default_assignor: String,
@@ -211,12 +223,18 @@ impl GroupConfig {
                 as i32,
             offset_metadata_max_bytes: get(values, "offset.metadata.max.bytes") as usize,
             offsets_segment_bytes: get(values, "offsets.segment.bytes") as u64,
+            empty_group_retention_ms: get(values, "offsets.retention.check.interval.ms") as u64,
             default_assignor,
             rack_aware_weights: RackAwareWeights {
                 traffic: get(values, "group.consumer.rack.aware.traffic.weight") as u32,
                 overlap: get(values, "group.consumer.rack.aware.overlap.weight") as u32,
             },
         }
+    }
+
+    /// How long an empty group without offsets is kept.
+    pub fn empty_group_retention(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.empty_group_retention_ms)
     }
 
     /// These settings with one group's overrides (Kafka's group configs) applied. Values were

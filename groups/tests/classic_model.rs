@@ -2,7 +2,8 @@
 //! well-behaved eager consumers through random operations: members joining (with and without
 //! KIP-394's member-id round trip) and changing subscriptions, heartbeats, JoinGroup and
 //! SyncGroup answers read late, members leaving, sessions, join and sync deadlines expiring as
-//! time passes, topics created, grown and deleted.
+//! time passes, topics created, grown and deleted, and the coordinator restarting from what it
+//! stored of the group (its last settled generation).
 //!
 //! A client behaves as Kafka's eager consumer does: it consumes the assignment of its last
 //! SyncGroup answer; told a rebalance is in progress (by a heartbeat) or wanting one (a new
@@ -33,7 +34,7 @@ use bytes::Bytes;
 use futures_channel::oneshot;
 use kaas_groups::classic::{
     parse_subscription_topics, ClassicGroup, ClassicState, JoinArgs, JoinResult, JoinedMember,
-    MemberRef, Reply, SyncResult,
+    MemberRef, Reply, SettledKey, StoredGroup, SyncResult,
 };
 use kaas_groups::GroupError;
 use proptest::prelude::*;
@@ -79,6 +80,9 @@ enum Op {
     Delete {
         topic: usize,
     },
+    /// The coordinator restarts (or the group moves to another broker): the group comes back
+    /// from what was stored, every JoinGroup and SyncGroup waiting is dropped.
+    Restart,
 }
 
 /// An answer given at once, or one the coordinator gives later.
@@ -190,6 +194,12 @@ struct World {
     kip394: bool,
     next_id: Cell<u128>,
     generation: i32,
+    initial_delay_ms: u64,
+    /// What the coordinator stored of the group: its last settled state, written whenever it
+    /// settles and before any member is answered with it (the shard stores a new generation
+    /// before it answers a SyncGroup, and an emptied group before it answers the LeaveGroup
+    /// or within its next tick).
+    stored: Option<StoredGroup>,
 }
 
 impl World {
@@ -217,6 +227,8 @@ impl World {
             kip394,
             next_id: Cell::new(1),
             generation: 0,
+            initial_delay_ms,
+            stored: None,
         }
     }
 
@@ -494,6 +506,59 @@ impl World {
                 self.set_partitions(topic, Some(n + by));
             }
             Op::Delete { topic } => self.set_partitions(topic, None),
+            Op::Restart => {
+                let group = match self.stored.clone() {
+                    Some(g) => ClassicGroup::restore("g", self.initial_delay_ms, g, self.now),
+                    None => ClassicGroup::new("g", self.initial_delay_ms),
+                };
+                // Dropping the old group drops every answer it still owed.
+                self.group = group;
+                // The generation may go back to the stored one, from a rebalance whose
+                // SyncGroup nobody was answered (Kafka's coordinator reuses those numbers
+                // too): every client still holding partitions holds the stored generation,
+                // and numbers only JoinGroup answers carried may be handed out again.
+                let restored = self.group.generation;
+                for (i, c) in self.clients.iter_mut().enumerate() {
+                    if let Phase::Stable { generation, .. } = &c.phase {
+                        assert_eq!(
+                            *generation, restored,
+                            "client {i} holds a generation that was not stored"
+                        );
+                    }
+                    c.generation = c.generation.min(restored);
+                    // Answers the old coordinator made but the client had not read went down
+                    // with its connections: the client sees its request fail, and retries.
+                    match &mut c.phase {
+                        Phase::Joining(answer) => {
+                            *answer = Answer::Ready(Some(JoinResult::error(
+                                GroupError::RebalanceInProgress,
+                                "",
+                            )))
+                        }
+                        Phase::Syncing { answer, .. } => {
+                            *answer = Answer::Ready(Some(SyncResult {
+                                error: Some(GroupError::RebalanceInProgress),
+                                ..SyncResult::default()
+                            }))
+                        }
+                        _ => {}
+                    }
+                }
+                self.generation = restored;
+            }
+        }
+    }
+
+    /// The coordinator stores the group whenever it settles in a new state.
+    fn store(&mut self) {
+        if self.group.settled_key().is_some()
+            && self.group.settled_key()
+                != self.stored.as_ref().map(|g| SettledKey {
+                    generation: g.generation,
+                    members: g.members.len(),
+                })
+        {
+            self.stored = self.group.stored();
         }
     }
 
@@ -538,6 +603,7 @@ impl World {
 
     fn step(&mut self, op: &Op) {
         self.apply(op);
+        self.store();
         self.forget_removed();
         self.check();
     }
@@ -619,6 +685,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => prop_oneof![0u64..3_000, 9_000u64..35_000].prop_map(|ms| Op::Advance { ms }),
         1 => (0..TOPICS.len(), 1i32..4).prop_map(|(topic, by)| Op::Grow { topic, by }),
         1 => (0..TOPICS.len()).prop_map(|topic| Op::Delete { topic }),
+        1 => Just(Op::Restart),
     ]
 }
 

@@ -420,7 +420,17 @@ async fn run_group_coordinator(shard: Rc<Shard>) {
     shard.groups.load().await;
     loop {
         glommio::timer::sleep(groups::TICK).await;
-        shard.groups.tick(std::time::Instant::now());
+        for group in shard.groups.tick(std::time::Instant::now()) {
+            // A member may have joined since the tick: then the group is not empty and stays.
+            match shard.groups.delete_group(&group).await {
+                Ok(()) => tracing::info!(
+                    group = %group,
+                    after_ms = shard.groups.config.empty_group_retention_ms,
+                    "deleted a consumer group that had no members and no committed offsets (offsets.retention.check.interval.ms)"
+                ),
+                Err(e) => tracing::debug!(group = %group, error = %e, "empty group not deleted"),
+            }
+        }
     }
 }
 

@@ -401,3 +401,78 @@ fn unload_answers_parked_requests() {
         Some(moved)
     );
 }
+
+// A stored Stable generation comes back Stable: the same members heartbeat and commit with
+// the generation they hold, no rebalance; a member that never comes back is expired after its
+// session timeout counted from the load, and the group rebalances without it.
+#[test]
+fn stored_generation_restores_stable() {
+    let t0 = Instant::now();
+    let (g, a, b) = stable_pair(t0);
+    let key = g.settled_key().expect("stable is settled");
+    let stored = g.stored().expect("stable is stored");
+    assert_eq!(stored.members.len(), 2);
+    assert_eq!(stored.members[0].member_id, a, "kept in order of arrival");
+
+    let t1 = t0 + Duration::from_secs(3600);
+    let mut r = ClassicGroup::restore("g", 0, stored.clone(), t1);
+    assert_eq!(r.state, ClassicState::Stable);
+    assert_eq!(r.settled_key(), Some(key));
+    assert_eq!(r.stored(), Some(stored));
+    fn of(m: &str) -> MemberRef<'_> {
+        MemberRef {
+            member_id: m,
+            instance_id: None,
+            generation: 2,
+        }
+    }
+    r.heartbeat(of(&a), t1).unwrap();
+    r.validate_commit(of(&b)).unwrap();
+    // b's SyncGroup again (a retried answer) returns its stored assignment.
+    match r.sync(of(&b), None, None, vec![], t1) {
+        Reply::Now(s) => assert_eq!(s.error, None),
+        Reply::Later(_) => panic!("a stable group answers at once"),
+    }
+    // Only a keeps heartbeating: b is expired 10 s after the load, not after t0.
+    r.tick(t1 + Duration::from_millis(9_000));
+    assert!(r.members.contains_key(&b));
+    r.heartbeat(of(&a), t1 + Duration::from_millis(9_000))
+        .unwrap();
+    r.tick(t1 + Duration::from_millis(10_000));
+    assert!(!r.members.contains_key(&b));
+    assert_eq!(r.state, ClassicState::PreparingRebalance);
+    assert_eq!(
+        r.settled_key(),
+        None,
+        "nothing settled to store mid-rebalance"
+    );
+}
+
+// An emptied group stores its generation; a stored group that does not hold together comes
+// back Empty (its members rejoin) instead of answering from a broken state.
+#[test]
+fn stored_empty_and_broken_groups_restore_empty() {
+    let t0 = Instant::now();
+    let (mut g, a, b) = stable_pair(t0);
+    g.leave(&a, None, t0).unwrap();
+    g.leave(&b, None, t0).unwrap();
+    assert_eq!(g.state, ClassicState::Empty);
+    let empty = g.stored().unwrap();
+    assert!(empty.members.is_empty());
+    let r = ClassicGroup::restore("g", 0, empty.clone(), t0);
+    assert_eq!(r.state, ClassicState::Empty);
+    assert_eq!(r.generation, g.generation);
+
+    let (g, _, _) = stable_pair(t0);
+    let mut broken = g.stored().unwrap();
+    broken.leader = Some("nobody".into());
+    let r = ClassicGroup::restore("g", 0, broken, t0);
+    assert_eq!(r.state, ClassicState::Empty);
+    assert!(r.members.is_empty());
+    let mut broken = g.stored().unwrap();
+    broken.protocol_name = Some("sticky".into());
+    assert_eq!(
+        ClassicGroup::restore("g", 0, broken, t0).state,
+        ClassicState::Empty
+    );
+}

@@ -14,8 +14,8 @@ use futures::channel::oneshot;
 use glommio::sync::Semaphore;
 
 use super::assignor::{self, GroupAssignment, MemberSpec, RackAwareWeights, TopicSpec};
-use super::classic::ClassicGroup;
-use super::offsets::{self, OffsetLog, OffsetRecord, OffsetTable, GROUP_ID_FILE};
+use super::classic::{ClassicGroup, SettledKey, StoredGroup};
+use super::offsets::{self, OffsetLog, OffsetRecord, OffsetTable, Replayed, GROUP_ID_FILE};
 use super::{owner_shard, GroupConfig, GroupError, GroupKind};
 
 /// One group.
@@ -28,6 +28,14 @@ pub struct Group {
     /// Set when the group stopped being served here; later commits through a stale handle
     /// (a request that was already past its checks) fail instead of writing.
     gone: Cell<Option<Gone>>,
+    /// The membership last written to (or loaded from) the offset log, and its fingerprint:
+    /// a classic group whose settled state differs is written again ([`GroupManager::store_settled`]).
+    stored: RefCell<Option<StoredGroup>>,
+    stored_key: Cell<Option<SettledKey>>,
+    /// One membership write at a time, so each sees what the one before it stored.
+    store_lock: Semaphore,
+    /// Since when the group has had no members and no offsets (while it has a log).
+    empty_since: Cell<Option<Instant>>,
 }
 
 /// Why a handle to a group no longer takes commits.
@@ -42,6 +50,10 @@ enum Gone {
 
 impl Group {
     fn new(id: &str, kind: GroupKind, offsets: OffsetTable, log: Option<Rc<OffsetLog>>) -> Group {
+        let stored_key = match &kind {
+            GroupKind::Classic(c) => c.settled_key(),
+            GroupKind::Consumer(_) => None,
+        };
         Group {
             id: id.to_string(),
             kind: RefCell::new(kind),
@@ -49,8 +61,73 @@ impl Group {
             log: RefCell::new(log),
             log_open: Semaphore::new(1),
             gone: Cell::new(None),
+            stored: RefCell::new(None),
+            stored_key: Cell::new(stored_key),
+            store_lock: Semaphore::new(1),
+            empty_since: Cell::new(None),
         }
     }
+
+    /// A group loaded from its offset log: Stable in its stored generation (or Empty), with
+    /// every member's session starting now.
+    fn loaded(id: &str, initial_delay_ms: u64, replayed: Replayed, log: Rc<OffsetLog>) -> Group {
+        let classic = match replayed.group.clone() {
+            Some(g) => ClassicGroup::restore(id, initial_delay_ms, g, Instant::now()),
+            None => ClassicGroup::new(id, initial_delay_ms),
+        };
+        let group = Group::new(id, GroupKind::Classic(classic), replayed.offsets, Some(log));
+        *group.stored.borrow_mut() = replayed.group;
+        group
+    }
+
+    /// Whether the group's settled state is newer than what its log holds.
+    fn store_behind(&self) -> bool {
+        match &*self.kind.borrow() {
+            GroupKind::Classic(c) => {
+                c.settled_key().is_some() && c.settled_key() != self.stored_key.get()
+            }
+            GroupKind::Consumer(_) => false,
+        }
+    }
+}
+
+/// Writes a classic group's settled membership to its open offset log when it changed since
+/// the last write, and returns once that is durable (see [`GroupManager::store_settled`]). A
+/// group without a log stores nothing here.
+async fn write_settled(group: &Rc<Group>) -> Result<(), GroupError> {
+    if !group.store_behind() {
+        return Ok(());
+    }
+    let _one_at_a_time = group
+        .store_lock
+        .acquire_permit(1)
+        .await
+        .map_err(|_| GroupError::CoordinatorNotAvailable("group closed".into()))?;
+    let Some(log) = group.log.borrow().clone() else {
+        return Ok(());
+    };
+    refuse_if_gone(group)?;
+    let (key, stored) = match &*group.kind.borrow() {
+        GroupKind::Classic(c) => match (c.settled_key(), c.stored()) {
+            (Some(k), Some(g)) if Some(k) != group.stored_key.get() => (k, g),
+            _ => return Ok(()), // stored by the write this one waited for, or unsettled again
+        },
+        GroupKind::Consumer(_) => return Ok(()),
+    };
+    let applied = group.clone();
+    let record = stored.clone();
+    log.append(&[OffsetRecord::Group(stored)], move || {
+        *applied.stored.borrow_mut() = Some(record);
+        applied.stored_key.set(Some(key));
+    })
+    .await
+    .map_err(|e| {
+        // Retried on every tick while the disk fails: one line per interval.
+        crate::ratelog::limited("group membership not stored", |suppressed| {
+            tracing::error!(group = %group.id, error = %e, suppressed, "cannot store the group's membership in its offset log (the volume is failing or full); members are told to rejoin, and a restart would make them rejoin too");
+        });
+        GroupError::CoordinatorNotAvailable(format!("storing group {}: {e}", group.id))
+    })
 }
 
 /// A row of ListGroups.
@@ -144,7 +221,9 @@ impl GroupManager {
     }
 
     /// Loads every group this shard owns from `<data_dir>/__groups/`: opens its offset log
-    /// (recovering it) and replays the offsets. Groups come back Empty; members rejoin.
+    /// (recovering it) and replays the offsets and the stored membership. A classic group comes
+    /// back in its last stored generation, so its members carry on; KIP-848 groups come back
+    /// Empty and their members rejoin.
     pub async fn load(&self) {
         let started = Instant::now();
         let mut loaded = 0usize;
@@ -190,12 +269,13 @@ impl GroupManager {
                 )
                 .await
                 {
-                    Ok((log, table)) => {
-                        let kind = GroupKind::Classic(ClassicGroup::new(
+                    Ok((log, replayed)) => {
+                        let group = Rc::new(Group::loaded(
                             &group_id,
                             self.config.initial_rebalance_delay_ms,
+                            replayed,
+                            log,
                         ));
-                        let group = Rc::new(Group::new(&group_id, kind, table, Some(log)));
                         self.groups.borrow_mut().insert(group_id, group);
                         loaded += 1;
                     }
@@ -248,18 +328,19 @@ impl GroupManager {
         // Any state in memory predates the claim; the disk is the truth now.
         self.groups.borrow_mut().remove(group_id);
         if dir.join(GROUP_ID_FILE).exists() {
-            let (log, table) = OffsetLog::open(
+            let (log, replayed) = OffsetLog::open(
                 dir.clone(),
                 self.config.offsets_segment_bytes,
                 self.sync_scope,
             )
             .await
             .map_err(|e| GroupError::Storage(e.to_string()))?;
-            let kind = GroupKind::Classic(ClassicGroup::new(
+            let group = Rc::new(Group::loaded(
                 group_id,
                 self.config.initial_rebalance_delay_ms,
+                replayed,
+                log,
             ));
-            let group = Rc::new(Group::new(group_id, kind, table, Some(log)));
             self.groups.borrow_mut().insert(group_id.to_string(), group);
         }
         self.claims.borrow_mut().insert(group_id.to_string(), lock);
@@ -302,6 +383,12 @@ impl GroupManager {
             let lock = self.claims.borrow_mut().remove(&gid);
             let group = self.groups.borrow_mut().remove(&gid);
             if let Some(group) = group {
+                // The next coordinator loads the membership: the latest settled state goes
+                // with the group (a generation is stored before it is answered; this catches
+                // an emptying the tick has not written yet).
+                if let Err(e) = write_settled(&group).await {
+                    tracing::warn!(group = %gid, error = %e, "the group's last membership change did not reach its log; its members may rejoin at the next coordinator");
+                }
                 group.gone.set(Some(Gone::Moved));
                 group.kind.borrow_mut().unload(&moved_away(&gid));
                 // A commit opening the group's first log finishes first (one that has not
@@ -478,9 +565,12 @@ impl GroupManager {
         if !root_existed {
             offsets::sync_dir(&self.data_dir).map_err(|e| storage(e.to_string()))?;
         }
-        let (log, table) = OffsetLog::open(dir, self.config.offsets_segment_bytes, self.sync_scope)
-            .await
-            .map_err(|e| storage(e.to_string()))?;
+        let (log, replayed) =
+            OffsetLog::open(dir, self.config.offsets_segment_bytes, self.sync_scope)
+                .await
+                .map_err(|e| storage(e.to_string()))?;
+        // A membership left there belongs to a group that is not this one's current state.
+        let table = replayed.offsets;
         if !table.is_empty() {
             // A directory left by an earlier incarnation that was not cleaned up.
             let mut t = group.offsets.borrow_mut();
@@ -493,6 +583,27 @@ impl GroupManager {
         }
         *group.log.borrow_mut() = Some(log.clone());
         Ok(log)
+    }
+
+    /// Makes a classic group's settled membership durable in its offset log when it changed
+    /// since the last write. Called before a SyncGroup is answered with a new generation (no
+    /// member may hold an assignment a restarted coordinator would not know), before a
+    /// LeaveGroup is answered, on the tick after a session expiry, and before the log is
+    /// closed. A group's first generation creates its log, as Kafka writes every group to
+    /// `__consumer_offsets` whether it commits or not (Kafka Connect and Schema Registry
+    /// groups never commit); a group that empties before it ever had a log stores nothing.
+    pub async fn store_settled(&self, group: &Rc<Group>) -> Result<(), GroupError> {
+        if !group.store_behind() {
+            return Ok(());
+        }
+        if group.log.borrow().is_none() {
+            let members = group.kind.borrow().member_count();
+            if members == 0 {
+                return Ok(());
+            }
+            self.log_of(group).await?;
+        }
+        write_settled(group).await
     }
 
     /// Makes `records` durable and applies them to the group's offset table. Returns once an
@@ -528,7 +639,8 @@ impl GroupManager {
                 let live = {
                     let g = group.clone();
                     move || {
-                        g.offsets
+                        let mut live: Vec<OffsetRecord> = g
+                            .offsets
                             .borrow()
                             .iter()
                             .flat_map(|(t, ps)| {
@@ -538,7 +650,9 @@ impl GroupManager {
                                     value: v.clone(),
                                 })
                             })
-                            .collect()
+                            .collect();
+                        live.extend(g.stored.borrow().clone().map(OffsetRecord::Group));
+                        live
                     }
                 };
                 log.snapshot(live).await;
@@ -586,7 +700,11 @@ impl GroupManager {
     }
 
     /// Timeouts of every group; groups with no members, no offsets and no log are dropped.
-    pub fn tick(&self, now: Instant) {
+    /// Returns the groups with a log that have had no members and no offsets for the empty
+    /// group retention, for the caller to delete (as Kafka's offsets cleanup removes an empty
+    /// group that has no offsets left).
+    pub fn tick(&self, now: Instant) -> Vec<String> {
+        let mut retired = Vec::new();
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
         let mut dead = Vec::new();
         for g in groups {
@@ -602,6 +720,27 @@ impl GroupManager {
                         tracing::info!(group = %g.id, member = %id, "member fenced: session or rebalance timeout expired");
                     }
                 }
+            }
+            drop(kind);
+            // A session expiry emptied the group: written in the background (errors are
+            // logged there), so a restart does not bring the expired members back.
+            if g.log.borrow().is_some() && g.store_behind() && g.store_lock.available() > 0 {
+                let g = g.clone();
+                glommio::spawn_local(async move {
+                    let _ = write_settled(&g).await;
+                })
+                .detach();
+            }
+            let kind = g.kind.borrow();
+            let idle = kind.is_empty() && g.offsets.borrow().is_empty();
+            if idle && g.log.borrow().is_some() && !g.store_behind() {
+                let since = *g.empty_since.get().get_or_insert(now);
+                g.empty_since.set(Some(since));
+                if now.saturating_duration_since(since) >= self.config.empty_group_retention() {
+                    retired.push(g.id.clone());
+                }
+            } else {
+                g.empty_since.set(None);
             }
             // Two references: the map's and this loop's. Any other means a request is working
             // on the group (e.g. creating its log), so it must stay.
@@ -619,12 +758,16 @@ impl GroupManager {
                 map.remove(&id);
             }
         }
+        retired
     }
 
     /// Clean shutdown: every offset log is fsynced and closed.
     pub async fn close_all(&self) {
         let groups: Vec<Rc<Group>> = self.groups.borrow_mut().drain().map(|(_, g)| g).collect();
         for g in groups {
+            if let Err(e) = write_settled(&g).await {
+                tracing::warn!(group = %g.id, error = %e, "the group's last membership change did not reach its log; its members may rejoin after the restart");
+            }
             let log = g.log.borrow_mut().take();
             if let Some(log) = log {
                 if let Err(e) = log.close().await {
@@ -676,6 +819,20 @@ mod tests {
     use crate::groups::offsets::tests::run;
     use crate::groups::offsets::CommittedOffset;
 
+    /// A commit of offset `offset` for partition t-0.
+    fn commit_t0(offset: i64) -> OffsetRecord {
+        OffsetRecord::Commit {
+            topic: "t".into(),
+            partition: 0,
+            value: CommittedOffset {
+                offset,
+                leader_epoch: 0,
+                metadata: String::new(),
+                commit_timestamp_ms: 1,
+            },
+        }
+    }
+
     fn broker(root: &Path) -> GroupManager {
         let scope = kaas_storage::SyncScope::File;
         GroupManager::new(0, 1, root, GroupConfig::default(), true, scope)
@@ -694,16 +851,7 @@ mod tests {
             old.claim("g").await.unwrap();
             let handle = old.get_or_create("g");
             old.release_unless(|_| false).await;
-            let commit = OffsetRecord::Commit {
-                topic: "t".into(),
-                partition: 0,
-                value: CommittedOffset {
-                    offset: 7,
-                    leader_epoch: 0,
-                    metadata: String::new(),
-                    commit_timestamp_ms: 1,
-                },
-            };
+            let commit = commit_t0(7);
             let refused = old.write_offsets(&handle, vec![commit]).await;
             assert!(
                 matches!(refused, Err(GroupError::NotCoordinator(_))),
@@ -713,6 +861,129 @@ mod tests {
             new.claim("g").await.expect("the released lock is free");
             let loaded = new.get("g").map(|g| g.offsets.borrow().clone());
             assert!(loaded.as_ref().is_none_or(|t| t.is_empty()), "{loaded:?}");
+        });
+    }
+
+    // A classic group's settled generation goes with it to the next coordinator (a restart
+    // loads it the same way): the member carries on with its generation, and its commits are
+    // taken. Before, the group came back Empty and the member's next commit was refused.
+    #[test]
+    fn the_next_coordinator_loads_the_generation() {
+        use crate::groups::classic::{JoinArgs, MemberRef, Reply};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        run(move || async move {
+            let old = broker(&root);
+            old.claim("g").await.unwrap();
+            let group = old.get_or_create("g");
+            let now = Instant::now();
+            let member = {
+                let mut kind = group.kind.borrow_mut();
+                let GroupKind::Classic(c) = &mut *kind else {
+                    unreachable!("new groups are classic")
+                };
+                let args = JoinArgs {
+                    member_id: String::new(),
+                    instance_id: None,
+                    client_id: "c".into(),
+                    client_host: "/127.0.0.1".into(),
+                    session_timeout_ms: 10_000,
+                    rebalance_timeout_ms: 30_000,
+                    protocol_type: "consumer".into(),
+                    protocols: vec![("range".into(), bytes::Bytes::from_static(b"m"))],
+                    require_known_member_id: false,
+                    supports_skip_assignment: false,
+                };
+                let joined = match c.join(args, now, 6_000, 300_000, &GroupManager::new_member_id) {
+                    Reply::Now(j) => j,
+                    Reply::Later(mut rx) => {
+                        // The initial rebalance delay passes.
+                        c.tick(now + std::time::Duration::from_secs(10));
+                        rx.try_recv()
+                            .unwrap()
+                            .expect("joined after the initial delay")
+                    }
+                };
+                let me = MemberRef {
+                    member_id: &joined.member_id,
+                    instance_id: None,
+                    generation: joined.generation,
+                };
+                let assignment = vec![(joined.member_id.clone(), bytes::Bytes::from_static(b"a"))];
+                let _ = c.sync(me, None, None, assignment, now);
+                assert_eq!(c.state.name(), "Stable");
+                (joined.member_id, joined.generation)
+            };
+            // The first generation creates the group's log (it has not committed yet).
+            old.store_settled(&group).await.unwrap();
+            assert!(group.stored.borrow().is_some());
+            let commit = commit_t0(7);
+            old.write_offsets(&group, vec![commit]).await.unwrap();
+            old.release_unless(|_| false).await;
+
+            let new = broker(&root);
+            new.claim("g").await.unwrap();
+            let loaded = new.get("g").expect("loaded");
+            let kind = loaded.kind.borrow();
+            let GroupKind::Classic(c) = &*kind else {
+                panic!("a classic group comes back classic")
+            };
+            assert_eq!(c.state.name(), "Stable");
+            assert_eq!(c.generation, member.1);
+            c.validate_commit(MemberRef {
+                member_id: &member.0,
+                instance_id: None,
+                generation: member.1,
+            })
+            .expect("the member's commit is taken by the new coordinator");
+            assert_eq!(loaded.offsets.borrow()["t"][&0].offset, 7);
+        });
+    }
+
+    // A group with a log that has no members and no offsets is handed back for deletion once
+    // it has been so for the retention (Kafka's offsets cleanup), not before; one with offsets
+    // stays.
+    #[test]
+    fn empty_groups_without_offsets_are_retired() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        run(move || async move {
+            let config = GroupConfig {
+                empty_group_retention_ms: 1_000,
+                ..GroupConfig::default()
+            };
+            let m = GroupManager::new(0, 1, &root, config, false, kaas_storage::SyncScope::File);
+            m.load().await;
+            for id in ["idle", "committed"] {
+                let g = m.get_or_create(id);
+                m.write_offsets(&g, vec![commit_t0(5)]).await.unwrap();
+            }
+            // "idle" loses its only offset (OffsetDelete).
+            let idle = m.get("idle").unwrap();
+            m.write_offsets(
+                &idle,
+                vec![OffsetRecord::Delete {
+                    topic: "t".into(),
+                    partition: 0,
+                }],
+            )
+            .await
+            .unwrap();
+            drop(idle);
+            let t0 = Instant::now();
+            assert!(m.tick(t0).is_empty());
+            assert!(m
+                .tick(t0 + std::time::Duration::from_millis(999))
+                .is_empty());
+            assert_eq!(
+                m.tick(t0 + std::time::Duration::from_secs(1)),
+                vec!["idle".to_string()]
+            );
+            m.delete_group("idle").await.unwrap();
+            assert!(m.get("idle").is_none());
+            assert!(m.get("committed").is_some());
+            let dirs = std::fs::read_dir(root.join("__groups")).unwrap().count();
+            assert_eq!(dirs, 1, "the retired group's directory is removed");
         });
     }
 }

@@ -15,6 +15,12 @@
 //! commit and its application to the in-memory table happen under one lock, so a snapshot
 //! always includes every commit written before it and nothing acknowledged is ever dropped.
 //!
+//! The same log keeps the group's membership: whenever a classic group settles in a new
+//! generation (or empties), its members, protocol and assignments are appended as one record
+//! (key kind 2) before any member is told that generation, and the last such record is loaded
+//! with the offsets (`kaas_groups::classic::stored` says why). A binary that predates the
+//! record skips it with a warning and loads the group Empty, as it always did.
+//!
 //! A coordinator that moves between brokers (cluster mode) loads the same directory from the
 //! shared data volume.
 
@@ -23,7 +29,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use bytes::Bytes;
 use glommio::sync::Semaphore;
+use kaas_groups::classic::{StoredGroup, StoredMember};
 use kaas_storage::{LeaderEpoch, LogConfig, PartitionLog, StorageError};
 use kaas_wire::batch::{self, BatchSpec, RecordKv, BATCH_HEADER_LEN};
 
@@ -51,12 +59,22 @@ pub enum OffsetRecord {
         topic: String,
         partition: i32,
     },
+    /// The group's settled membership (the last one written wins).
+    Group(StoredGroup),
+}
+
+/// What a group's offset log holds: the live offsets and the last stored membership.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    pub offsets: OffsetTable,
+    pub group: Option<StoredGroup>,
 }
 
 impl OffsetRecord {
-    /// Applies this record to an in-memory table.
+    /// Applies this record to an in-memory table (a membership record leaves it unchanged).
     pub fn apply(self, table: &mut OffsetTable) {
         match self {
+            OffsetRecord::Group(_) => {}
             OffsetRecord::Commit {
                 topic,
                 partition,
@@ -78,6 +96,8 @@ impl OffsetRecord {
 
 /// Record key kind: an offset commit (key = topic, partition).
 const KEY_OFFSET: u8 = 1;
+/// Record key kind: the group's settled membership (key = this byte alone).
+const KEY_GROUP: u8 = 2;
 /// Value format version.
 const VALUE_V1: u8 = 1;
 
@@ -99,6 +119,102 @@ fn encode_value(v: &CommittedOffset) -> Vec<u8> {
     out.extend_from_slice(&(v.metadata.len() as u32).to_be_bytes());
     out.extend_from_slice(v.metadata.as_bytes());
     out
+}
+
+fn put_str(out: &mut Vec<u8>, v: &str) {
+    put_blob(out, v.as_bytes());
+}
+
+fn put_opt_str(out: &mut Vec<u8>, v: Option<&str>) {
+    match v {
+        Some(v) => put_str(out, v),
+        None => out.extend_from_slice(&u32::MAX.to_be_bytes()),
+    }
+}
+
+fn put_blob(out: &mut Vec<u8>, v: &[u8]) {
+    // A member's metadata and assignment come from clients; each is far below 4 GiB (a
+    // request is bounded by the broker's request size limit).
+    let len = u32::try_from(v.len()).expect("a client-sent blob fits in u32");
+    assert!(len != u32::MAX, "u32::MAX marks a null string");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(v);
+}
+
+fn encode_group(g: &StoredGroup) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.push(VALUE_V1);
+    out.extend_from_slice(&g.generation.to_be_bytes());
+    put_opt_str(&mut out, g.protocol_type.as_deref());
+    put_opt_str(&mut out, g.protocol_name.as_deref());
+    put_opt_str(&mut out, g.leader.as_deref());
+    out.extend_from_slice(&(g.members.len() as u32).to_be_bytes());
+    for m in &g.members {
+        put_str(&mut out, &m.member_id);
+        put_opt_str(&mut out, m.instance_id.as_deref());
+        put_str(&mut out, &m.client_id);
+        put_str(&mut out, &m.client_host);
+        out.extend_from_slice(&m.session_timeout_ms.to_be_bytes());
+        out.extend_from_slice(&m.rebalance_timeout_ms.to_be_bytes());
+        put_str(&mut out, &m.protocol_type);
+        out.extend_from_slice(&(m.protocols.len() as u32).to_be_bytes());
+        for (name, metadata) in &m.protocols {
+            put_str(&mut out, name);
+            put_blob(&mut out, metadata);
+        }
+        put_blob(&mut out, &m.assignment);
+    }
+    out
+}
+
+fn decode_group(value: &[u8]) -> Option<StoredGroup> {
+    let mut v = Cursor { b: value, at: 0 };
+    if v.u8()? != VALUE_V1 {
+        return None;
+    }
+    let generation = v.i32()?;
+    let protocol_type = v.opt_str()?;
+    let protocol_name = v.opt_str()?;
+    let leader = v.opt_str()?;
+    let count = v.u32()?;
+    // Counts are not trusted for allocation: every element takes bytes, so the cursor runs
+    // out (and decoding fails) long before a lying count could grow these vectors far.
+    let mut members = Vec::new();
+    for _ in 0..count {
+        let member_id = v.str()?;
+        let instance_id = v.opt_str()?;
+        let client_id = v.str()?;
+        let client_host = v.str()?;
+        let session_timeout_ms = v.i32()?;
+        let rebalance_timeout_ms = v.i32()?;
+        let protocol_type = v.str()?;
+        let n = v.u32()?;
+        let mut protocols = Vec::new();
+        for _ in 0..n {
+            let name = v.str()?;
+            let metadata = Bytes::copy_from_slice(v.blob()?);
+            protocols.push((name, metadata));
+        }
+        let assignment = Bytes::copy_from_slice(v.blob()?);
+        members.push(StoredMember {
+            member_id,
+            instance_id,
+            client_id,
+            client_host,
+            session_timeout_ms,
+            rebalance_timeout_ms,
+            protocol_type,
+            protocols,
+            assignment,
+        });
+    }
+    (v.at == value.len()).then_some(StoredGroup {
+        generation,
+        protocol_type,
+        protocol_name,
+        leader,
+        members,
+    })
 }
 
 /// A bounds-checked cursor over bytes we wrote ourselves (still checked: disks lie).
@@ -128,6 +244,29 @@ impl<'a> Cursor<'a> {
         self.take(8)
             .map(|s| i64::from_be_bytes(s.try_into().expect("8 bytes")))
     }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|s| u32::from_be_bytes(s.try_into().expect("4 bytes")))
+    }
+    fn blob(&mut self) -> Option<&'a [u8]> {
+        let len = self.u32()?;
+        if len == u32::MAX {
+            return None;
+        }
+        self.take(len as usize)
+    }
+    fn str(&mut self) -> Option<String> {
+        std::str::from_utf8(self.blob()?).ok().map(str::to_string)
+    }
+    /// A string or null (`Some(None)`); `None` when the bytes do not parse.
+    fn opt_str(&mut self) -> Option<Option<String>> {
+        let at = self.at;
+        if self.u32()? == u32::MAX {
+            return Some(None);
+        }
+        self.at = at;
+        self.str().map(Some)
+    }
     /// A zig-zag varint (Kafka's record encoding; `kaas_wire::varint`'s rules).
     fn varint(&mut self) -> Option<i64> {
         kaas_wire::varint::read_varint(self.b, &mut self.at)
@@ -145,8 +284,10 @@ impl<'a> Cursor<'a> {
 /// Decodes one record's key and value.
 pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Option<OffsetRecord> {
     let mut k = Cursor { b: key, at: 0 };
-    if k.u8()? != KEY_OFFSET {
-        return None;
+    match k.u8()? {
+        KEY_OFFSET => {}
+        KEY_GROUP if key.len() == 1 => return decode_group(value?).map(OffsetRecord::Group),
+        _ => return None,
     }
     let tlen = k.u16()? as usize;
     let topic = std::str::from_utf8(k.take(tlen)?).ok()?.to_string();
@@ -213,6 +354,7 @@ fn build_batches(records: &[OffsetRecord], now_ms: i64) -> Vec<u8> {
                     value,
                 } => (encode_key(topic, *partition), Some(encode_value(value))),
                 OffsetRecord::Delete { topic, partition } => (encode_key(topic, *partition), None),
+                OffsetRecord::Group(g) => (vec![KEY_GROUP], Some(encode_group(g))),
             })
             .collect();
         let kvs: Vec<RecordKv<'_>> = encoded
@@ -280,12 +422,13 @@ pub struct OffsetLog {
 const SNAPSHOT_AFTER_SEGMENTS: u64 = 4;
 
 impl OffsetLog {
-    /// Opens (creating if needed) the offset log in `dir` and replays it into a table.
+    /// Opens (creating if needed) the offset log in `dir` and replays it: the live offsets and
+    /// the last stored membership.
     pub async fn open(
         dir: PathBuf,
         segment_bytes: u64,
         sync_scope: kaas_storage::SyncScope,
-    ) -> Result<(Rc<OffsetLog>, OffsetTable), StorageError> {
+    ) -> Result<(Rc<OffsetLog>, Replayed), StorageError> {
         let log = PartitionLog::open(
             dir.clone(),
             // Rolled by size only, never aged out: retention would drop committed offsets.
@@ -302,6 +445,7 @@ impl OffsetLog {
         )
         .await?;
         let mut table = OffsetTable::new();
+        let mut group = None;
         let mut offset = log.log_start_offset();
         let end = log.log_end_offset();
         let mut skipped = 0usize;
@@ -323,6 +467,7 @@ impl OffsetLog {
                     Some(recs) => {
                         for (k, v) in recs {
                             match k.and_then(|k| decode_record(k, v)) {
+                                Some(OffsetRecord::Group(g)) => group = Some(g),
                                 Some(r) => r.apply(&mut table),
                                 None => skipped += 1,
                             }
@@ -346,7 +491,13 @@ impl OffsetLog {
             snapshotting: Cell::new(false),
             segment_bytes,
         });
-        Ok((me, table))
+        Ok((
+            me,
+            Replayed {
+                offsets: table,
+                group,
+            },
+        ))
     }
 
     pub fn dir(&self) -> &Path {
@@ -471,10 +622,44 @@ pub(super) mod tests {
         }
     }
 
-    // Records survive encoding into batches and decoding back, tombstones included.
+    fn stored_group(generation: i32) -> StoredGroup {
+        let member = |id: &str, instance: Option<&str>| StoredMember {
+            member_id: id.into(),
+            instance_id: instance.map(str::to_string),
+            client_id: "client-ü".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: 45_000,
+            rebalance_timeout_ms: 300_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![
+                ("range".into(), Bytes::from_static(b"\0\x01sub")),
+                ("cooperative-sticky".into(), Bytes::new()),
+            ],
+            assignment: Bytes::from(vec![7u8; 300]),
+        };
+        StoredGroup {
+            generation,
+            protocol_type: Some("consumer".into()),
+            protocol_name: Some("range".into()),
+            leader: Some("m-1".into()),
+            members: vec![member("m-1", None), member("m-2", Some("host-2"))],
+        }
+    }
+
+    // Records survive encoding into batches and decoding back, tombstones and memberships
+    // (with members, and emptied) included.
     #[test]
     fn records_round_trip() {
+        let emptied = StoredGroup {
+            generation: 8,
+            protocol_type: Some("consumer".into()),
+            protocol_name: None,
+            leader: None,
+            members: vec![],
+        };
         let recs = vec![
+            OffsetRecord::Group(stored_group(7)),
+            OffsetRecord::Group(emptied),
             commit("orders", 0, 10, ""),
             commit("ørders-ü", 7, i64::MAX, "some metadata"),
             OffsetRecord::Delete {
@@ -509,6 +694,22 @@ pub(super) mod tests {
         assert!(decode_record(&[1, 0, 9, b'a'], None).is_none());
         assert!(decode_record(&[], None).is_none());
         assert!(decode_record(&encode_key("t", 1), Some(&[1, 2, 3])).is_none());
+        let group = encode_group(&stored_group(3));
+        for cut in 0..group.len() {
+            assert!(decode_record(&[KEY_GROUP], Some(&group[..cut])).is_none());
+        }
+        let mut longer = group.clone();
+        longer.push(0);
+        assert!(decode_record(&[KEY_GROUP], Some(&longer)).is_none());
+        // A member count far beyond the bytes fails without allocating for it.
+        let mut lying = encode_group(&StoredGroup {
+            members: vec![],
+            ..stored_group(3)
+        });
+        let n = lying.len();
+        lying[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode_record(&[KEY_GROUP], Some(&lying)).is_none());
+        assert!(decode_record(&[KEY_GROUP], None).is_none());
     }
 
     /// Runs `f` on a glommio executor of its own (the groups' IO runs on a shard's).
@@ -532,12 +733,14 @@ pub(super) mod tests {
         let path = dir.path().join("g");
         run(move || async move {
             let segment = 64 << 10;
-            let (log, table) =
+            let (log, replayed) =
                 OffsetLog::open(path.clone(), segment, kaas_storage::SyncScope::default())
                     .await
                     .unwrap();
-            assert!(table.is_empty());
-            let table = Rc::new(std::cell::RefCell::new(table));
+            assert_eq!(replayed, Replayed::default());
+            let table = Rc::new(std::cell::RefCell::new(replayed.offsets));
+            // The membership, rewritten every 100 rounds: the last one must survive snapshots.
+            let group = Rc::new(std::cell::RefCell::new(None::<StoredGroup>));
             let mut want = OffsetTable::new();
             let mut snapshots = 0;
             for round in 0..2000i64 {
@@ -562,11 +765,23 @@ pub(super) mod tests {
                 })
                 .await
                 .unwrap();
+                if round % 100 == 0 {
+                    let g = stored_group(round as i32);
+                    let applied = group.clone();
+                    let record = g.clone();
+                    log.append(&[OffsetRecord::Group(g)], move || {
+                        *applied.borrow_mut() = Some(record);
+                    })
+                    .await
+                    .unwrap();
+                }
                 if log.wants_snapshot() {
                     snapshots += 1;
                     let t = table.clone();
+                    let g = group.clone();
                     let live = move || {
-                        t.borrow()
+                        let mut live: Vec<OffsetRecord> = t
+                            .borrow()
                             .iter()
                             .flat_map(|(topic, ps)| {
                                 ps.iter().map(move |(p, v)| OffsetRecord::Commit {
@@ -575,7 +790,9 @@ pub(super) mod tests {
                                     value: v.clone(),
                                 })
                             })
-                            .collect()
+                            .collect();
+                        live.extend(g.borrow().clone().map(OffsetRecord::Group));
+                        live
                     };
                     // A commit racing the snapshot must survive it.
                     let racing = vec![commit("race", round as i32, round, "")];
@@ -610,7 +827,8 @@ pub(super) mod tests {
                 OffsetLog::open(path, segment, kaas_storage::SyncScope::default())
                     .await
                     .unwrap();
-            assert_eq!(replayed, want);
+            assert_eq!(replayed.offsets, want);
+            assert_eq!(replayed.group, Some(stored_group(1900)));
             reopened.close().await.unwrap();
         });
     }

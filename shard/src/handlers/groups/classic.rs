@@ -180,12 +180,24 @@ pub async fn sync_group(
                     }),
                 }
             };
-            match reply {
+            let result = match reply {
                 Reply::Now(r) => r,
                 Reply::Later(rx) => rx.await.unwrap_or(SyncResult {
                     error: Some(GroupError::RebalanceInProgress),
                     ..SyncResult::default()
                 }),
+            };
+            if result.error.is_some() {
+                return result;
+            }
+            // No member learns a generation a restarted coordinator would not load: its
+            // assignment is answered only once the generation is in the group's log.
+            match s.groups.store_settled(&group).await {
+                Ok(()) => result,
+                Err(e) => SyncResult {
+                    error: Some(e),
+                    ..SyncResult::default()
+                },
             }
         })
         .await
@@ -278,16 +290,23 @@ pub async fn leave_group(
                     .collect();
             };
             let now = Instant::now();
-            let mut kind = group.kind.borrow_mut();
-            req_leaving
-                .iter()
-                .map(|(m, i)| match &mut *kind {
-                    GroupKind::Classic(c) => c.leave(m, i.as_deref(), now),
-                    GroupKind::Consumer(_) => Err(GroupError::UnknownMemberId(
-                        "the group uses the consumer protocol".into(),
-                    )),
-                })
-                .collect()
+            let results = {
+                let mut kind = group.kind.borrow_mut();
+                req_leaving
+                    .iter()
+                    .map(|(m, i)| match &mut *kind {
+                        GroupKind::Classic(c) => c.leave(m, i.as_deref(), now),
+                        GroupKind::Consumer(_) => Err(GroupError::UnknownMemberId(
+                            "the group uses the consumer protocol".into(),
+                        )),
+                    })
+                    .collect()
+            };
+            // The last member out empties the group: stored before the answer, so a restart
+            // right after does not bring the members back for a session timeout. A failure
+            // is logged there; the members did leave.
+            let _ = s.groups.store_settled(&group).await;
+            results
         })
         .await
     };
