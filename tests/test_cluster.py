@@ -592,6 +592,11 @@ def test_three_brokers_elect_one_controller_and_balance_4_4_4(make_cluster):
     assert {h["lease_epoch"] for h in hs.values()} == {hs[ctl.id]["lease_epoch"]}
     lease = json.loads(c.lease_path.read_text())
     assert lease["holder"].split("@")[0] == str(ctl.id)
+    # Brokers started together on a fresh volume each keep their own emergency ballast; they
+    # used to race on one file ("could not write the emergency ballast ... No such file").
+    for n in c.nodes:
+        assert (c.data_dir / "__meta" / f"ballast-broker-{n.id}").stat().st_size >= 64 << 10
+        assert "could not write the emergency ballast" not in n.log_tail(1 << 20), f"broker {n.id}"
 
     create_topic(c.bootstrap(), "balanced", 12)
     a, led = c.wait_settled(12)

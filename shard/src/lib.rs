@@ -172,7 +172,14 @@ pub fn start(config: BrokerConfig, cluster: Arc<ClusterView>) -> Result<BrokerRu
         }
     })?;
     // Space held back for metadata writes on a volume someone else filled (kaas_storage::ballast).
-    let ballast = config.data_dir.join("__meta").join("ballast");
+    // In cluster mode every broker on the shared volume keeps its own: one file shared by all
+    // would be written by brokers starting together (racing on its temporary file) and released
+    // by one broker while the others still count it as theirs.
+    let ballast = config.data_dir.join("__meta").join(if cluster.enabled() {
+        format!("ballast-broker-{}", config.broker_id)
+    } else {
+        "ballast".to_string()
+    });
     if let Err(e) = kaas_storage::ballast::install(
         &ballast,
         kaas_storage::ballast::size_for(disk.total()),
