@@ -200,6 +200,8 @@ struct World {
     /// before it answers a SyncGroup, and an emptied group before it answers the LeaveGroup
     /// or within its next tick).
     stored: Option<StoredGroup>,
+    /// The settled state's fingerprint when it was stored.
+    stored_key: Option<SettledKey>,
 }
 
 impl World {
@@ -229,6 +231,7 @@ impl World {
             generation: 0,
             initial_delay_ms,
             stored: None,
+            stored_key: None,
         }
     }
 
@@ -551,14 +554,10 @@ impl World {
 
     /// The coordinator stores the group whenever it settles in a new state.
     fn store(&mut self) {
-        if self.group.settled_key().is_some()
-            && self.group.settled_key()
-                != self.stored.as_ref().map(|g| SettledKey {
-                    generation: g.generation,
-                    members: g.members.len(),
-                })
-        {
+        let key = self.group.settled_key();
+        if key.is_some() && key != self.stored_key {
             self.stored = self.group.stored();
+            self.stored_key = key;
         }
     }
 

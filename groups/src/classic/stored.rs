@@ -43,6 +43,9 @@ pub struct StoredGroup {
 pub struct SettledKey {
     pub generation: i32,
     pub members: usize,
+    /// The member ids: a static member replaced by its new instance keeps the generation and
+    /// the count but changes its id, and must be stored again.
+    pub ids: u64,
 }
 
 impl ClassicGroup {
@@ -52,6 +55,13 @@ impl ClassicGroup {
             ClassicState::Stable | ClassicState::Empty => Some(SettledKey {
                 generation: self.generation,
                 members: self.members.len(),
+                ids: {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    // A BTreeMap: the same members hash the same.
+                    self.members.keys().for_each(|id| id.hash(&mut h));
+                    h.finish()
+                },
             }),
             _ => None,
         }

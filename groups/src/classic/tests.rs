@@ -305,11 +305,18 @@ fn static_member_rejoin() {
         t0,
     );
     assert_eq!(g.state, ClassicState::Stable);
+    let before = g.settled_key();
     let j2 = now_result(g.join(a, t0, MIN, MAX, &fresh_id));
     assert_eq!(j2.error, None);
     assert_ne!(j2.member_id, old);
     assert_eq!(j2.generation, 1, "no rebalance");
     assert!(j2.skip_assignment);
+    // The replacement is a new settled state (same generation and count): it is stored
+    // again, and a coordinator that loads it knows the new id, not the fenced one.
+    assert_ne!(g.settled_key(), before);
+    let loaded = ClassicGroup::restore("g", 0, g.stored().unwrap(), t0);
+    assert!(loaded.members.contains_key(&j2.member_id));
+    assert!(!loaded.members.contains_key(&old));
     assert!(matches!(
         g.heartbeat(
             MemberRef {

@@ -78,6 +78,15 @@ pub async fn join_group(
                 });
                 match reply {
                     Err(e) => JoinResult::error(e, &member_id),
+                    // An answer without a rebalance (a static member replaced by its new
+                    // instance) changed the settled generation's members: stored before the
+                    // new member id is told, as a SyncGroup's generation is.
+                    Ok(Reply::Now(r)) if r.error.is_none() => {
+                        match s.groups.store_settled(&group).await {
+                            Ok(()) => r,
+                            Err(e) => JoinResult::error(e, &member_id),
+                        }
+                    }
                     Ok(Reply::Now(r)) => r,
                     Ok(Reply::Later(rx)) => rx.await.unwrap_or_else(|_| {
                         JoinResult::error(GroupError::RebalanceInProgress, &member_id)
