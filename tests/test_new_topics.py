@@ -151,3 +151,34 @@ def test_create_partitions_returns_once_the_new_partitions_are_led(cluster):
                 assert time.monotonic() < deadline, (
                     f"broker {other.id} still lists {topic} as {partitions} 5 s after CreatePartitions")
                 time.sleep(0.05)
+
+
+@logs_on_failure
+def test_a_topic_created_through_one_broker_is_led_at_every_other_at_once(cluster):
+    """Right after CreateTopics answered through one broker, every other broker's Metadata
+    lists the topic with its leaders. The others apply the controller's assignment that places
+    the topic milliseconds after the creating broker does, and used to answer "unknown topic"
+    meanwhile: kafka-python's admin asked a second broker 6 ms after the creation (its own
+    test_list_partition_offsets, in CI). A broker that finds the topics on the volume changed
+    now refreshes its view before it answers a topic it does not know."""
+    from kafka.protocol.admin import CreateTopicsRequest
+    c = cluster
+    late = []
+    for round_ in range(4):
+        for node in c.nodes:
+            topic = f"at-once-{round_}-{node.id}"
+            req = CreateTopicsRequest[4](
+                topics=[CreateTopicsRequest.CreatableTopic(
+                    name=topic, num_partitions=3, replication_factor=1, assignments=[], configs=[])],
+                timeout_ms=30_000, validate_only=False)
+            (created,) = call(node, req).topics
+            assert created.error_code == NONE, created
+            for other in c.nodes:
+                if other is node:
+                    continue
+                error, partitions = metadata(other, topic, auto_create=False)
+                if error != NONE or sorted(partitions) != [0, 1, 2]:
+                    late.append((topic, other.id, error, partitions))
+                else:
+                    check_answer(other, topic, error, partitions)
+    assert not late, f"brokers answered a topic created through another without it: {late}"

@@ -282,8 +282,23 @@ pub struct Catalog {
     /// The bytes of `topics.json` at the last [`Catalog::reload`]: an unchanged file is not
     /// parsed again (the reload runs every second on every broker of a cluster).
     reloaded_topics: Mutex<Vec<u8>>,
+    /// `topics.json`'s identity when this catalog last read or wrote it (see
+    /// [`Catalog::topics_changed_on_disk`]).
+    topics_stamp: Mutex<Option<FileStamp>>,
     /// See [`Catalog::set_name_reuse_delay`].
     name_reuse_delay_ms: AtomicU64,
+}
+
+/// A file's identity: inode, length, modification time. Every catalog write replaces its
+/// file (a temporary file renamed over it: a new inode), so two stamps differ when the file
+/// was written in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp(u64, u64, i64, i64);
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(FileStamp(m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
 }
 
 /// Group id → that group's config overrides.
@@ -349,7 +364,8 @@ impl Catalog {
         let dir = data_dir.join("__meta");
         kaas_durable::create_dir_all(&dir).map_err(|e| storage_error(&dir, e))?;
         let _lock = FileLock::take(&dir)?;
-        let table: TopicTable = load_json(&dir.join("topics.json"))?.unwrap_or_default();
+        let topics_path = dir.join("topics.json");
+        let table: TopicTable = load_json(&topics_path)?.unwrap_or_default();
         let cluster_path = dir.join("cluster.json");
         let meta: ClusterMeta = match load_json(&cluster_path)? {
             Some(meta) => meta,
@@ -385,6 +401,7 @@ impl Catalog {
             next_producer_id: AtomicI64::new(next),
             cluster_id,
             reloaded_topics: Mutex::new(Vec::new()),
+            topics_stamp: Mutex::new(stamp(&topics_path)),
             name_reuse_delay_ms: AtomicU64::new(0),
         })
     }
@@ -395,6 +412,9 @@ impl Catalog {
     pub fn reload(&self) -> Result<bool, CatalogError> {
         let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.dir.join("topics.json");
+        // Taken before the read: a write in between makes the stamp older than the bytes,
+        // which at worst costs one more refresh, never a missed change.
+        let before = stamp(&path);
         let bytes = read_bytes(&path)?.unwrap_or_default();
         let mut seen = self
             .reloaded_topics
@@ -413,6 +433,7 @@ impl Catalog {
             }
             *seen = bytes;
         }
+        *self.topics_stamp.lock().unwrap_or_else(|p| p.into_inner()) = before;
         let configs: BTreeMap<String, String> =
             load_json(&self.dir.join("broker-configs.json"))?.unwrap_or_default();
         let own = self.load_own_broker_configs()?;
@@ -451,9 +472,19 @@ impl Catalog {
         // Another broker of the volume may have changed the file since our last reload.
         let mut table: TopicTable = load_json(&self.dir.join("topics.json"))?.unwrap_or_default();
         let r = change(&mut table)?;
-        store_json(&self.dir.join("topics.json"), &table)?;
+        let path = self.dir.join("topics.json");
+        store_json(&path, &table)?;
         self.table.store(Arc::new(table));
+        *self.topics_stamp.lock().unwrap_or_else(|p| p.into_inner()) = stamp(&path);
         Ok(r)
+    }
+
+    /// Whether `topics.json` on the volume was written since this catalog last read or wrote
+    /// it: another broker of the cluster created, grew or deleted a topic that this broker
+    /// has not seen yet. One `stat`.
+    pub fn topics_changed_on_disk(&self) -> bool {
+        let now = stamp(&self.dir.join("topics.json"));
+        *self.topics_stamp.lock().unwrap_or_else(|p| p.into_inner()) != now
     }
 
     /// Checks a topic creation without performing it (CreateTopics validate_only uses it too).
@@ -952,6 +983,25 @@ mod tests {
             2,
             "names sharing a prefix get different directories"
         );
+    }
+
+    // Cluster mode: a broker tells that another changed the topics since it last read them
+    // (Metadata then refreshes its view before answering a topic it does not know), and stops
+    // telling once it read them or wrote them itself.
+    #[test]
+    fn a_topic_change_by_another_broker_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = Catalog::open(dir.path()).unwrap();
+        let there = Catalog::open(dir.path()).unwrap();
+        assert!(!here.topics_changed_on_disk());
+        there.create_topic("t", 1, 1, BTreeMap::new()).unwrap();
+        assert!(here.topics_changed_on_disk());
+        assert!(!there.topics_changed_on_disk(), "its own write");
+        here.reload().unwrap();
+        assert!(!here.topics_changed_on_disk());
+        here.create_topic("u", 1, 1, BTreeMap::new()).unwrap();
+        assert!(!here.topics_changed_on_disk());
+        assert!(there.topics_changed_on_disk());
     }
 
     // Cluster mode: a name deleted on one broker is not taken again, on any broker of the

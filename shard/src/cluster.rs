@@ -139,6 +139,8 @@ pub struct ClusterView {
     /// This broker's `--rack`: what Metadata reports for it on a single node, and the rack
     /// every partition is read from there.
     rack: Option<String>,
+    /// Cluster mode: asks the control thread to re-read `assignment.json` now (set at start).
+    refresh: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl ClusterView {
@@ -155,6 +157,7 @@ impl ClusterView {
             draining: AtomicBool::new(false),
             lease_holder: std::sync::atomic::AtomicI32::new(-1),
             rack: None,
+            refresh: std::sync::OnceLock::new(),
         }
     }
 
@@ -171,6 +174,20 @@ impl ClusterView {
             enabled: true,
             fence_until_ns: AtomicU64::new(0),
             ..Self::single(me, host, port)
+        }
+    }
+
+    /// Installs how [`ClusterView::refresh`] reaches the assignment watcher (control thread,
+    /// once at start).
+    pub fn set_refresh(&self, refresh: impl Fn() + Send + Sync + 'static) {
+        let _ = self.refresh.set(Box::new(refresh));
+    }
+
+    /// Asks for `assignment.json` to be read again now rather than at the next push or poll
+    /// (a no-op on a single node). The view changes when the file held something new.
+    pub fn refresh(&self) {
+        if let Some(f) = self.refresh.get() {
+            f();
         }
     }
 

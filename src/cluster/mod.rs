@@ -179,6 +179,10 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
 
     let watcher = AssignmentWatcher::new(assignment_chain(&config.data_dir), DEFAULT_POLL_INTERVAL);
     let notifier = watcher.notifier();
+    shards.view.set_refresh({
+        let notifier = notifier.clone();
+        move || notifier.notify()
+    });
     let lease_epoch = watcher.lease_epoch();
     let assignment_rx = watcher.subscribe();
     // The watcher starts only once the Lease has been read: before that the epoch fence would
