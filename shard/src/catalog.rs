@@ -14,8 +14,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
@@ -253,9 +253,6 @@ type BrokerConfigsById = BTreeMap<String, BTreeMap<String, String>>;
 /// The file of [`BrokerConfigsById`] under `__meta/`.
 const BROKER_CONFIGS_BY_ID: &str = "broker-configs-by-id.json";
 
-/// [`Catalog::broker_id`] before [`Catalog::set_broker_id`]: no broker's own configs apply.
-const NO_BROKER_ID: i32 = -1;
-
 pub struct Catalog {
     dir: PathBuf,
     table: ArcSwap<TopicTable>,
@@ -271,8 +268,9 @@ pub struct Catalog {
     /// cluster-wide ones: `broker-configs-by-id.json` holds every broker's, by id, so on a
     /// shared volume one broker's override applies to that broker only, as in Kafka.
     own_broker_configs: ArcSwap<BTreeMap<String, String>>,
-    /// Whose entry of `broker-configs-by-id.json` is [`Catalog::own_broker_configs`].
-    broker_id: AtomicI32,
+    /// Whose entry of `broker-configs-by-id.json` is [`Catalog::own_broker_configs`]; unset
+    /// (no broker's own configs apply) until [`Catalog::set_broker_id`].
+    broker_id: OnceLock<i32>,
     /// The static configs overlaid with the cluster-wide dynamic ones, then with this
     /// broker's own: what the broker runs with.
     effective_broker_configs: ArcSwap<BTreeMap<String, String>>,
@@ -291,7 +289,8 @@ pub struct Catalog {
 
 /// A file's identity: inode, length, modification time. Every catalog write replaces its
 /// file (a temporary file renamed over it: a new inode), so two stamps differ when the file
-/// was written in between.
+/// was written in between — unless a freed inode number came back with the same length within
+/// one tick of the filesystem's clock. A hint, then: [`Catalog::reload`] still compares bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileStamp(u64, u64, i64, i64);
 
@@ -392,7 +391,7 @@ impl Catalog {
             effective_broker_configs: ArcSwap::from_pointee(broker_configs.clone()),
             static_broker_configs: ArcSwap::from_pointee(BTreeMap::new()),
             own_broker_configs: ArcSwap::from_pointee(BTreeMap::new()),
-            broker_id: AtomicI32::new(NO_BROKER_ID),
+            broker_id: OnceLock::new(),
             broker_configs: ArcSwap::from_pointee(broker_configs),
             group_configs: ArcSwap::from_pointee(group_configs),
             dir,
@@ -703,11 +702,11 @@ impl Catalog {
     /// Says which broker this catalog serves (at start, before any shard runs), and loads
     /// that broker's own dynamic configs.
     pub fn set_broker_id(&self, id: i32) -> Result<(), CatalogError> {
+        let first = self.broker_id.set(id).is_ok();
         assert!(
-            id >= 0,
-            "broker ids are not negative (the flag is range-checked)"
+            first || self.broker_id.get() == Some(&id),
+            "a catalog serves one broker"
         );
-        self.broker_id.store(id, Ordering::Relaxed);
         self.own_broker_configs
             .store(Arc::new(self.load_own_broker_configs()?));
         self.recompute_effective();
@@ -715,10 +714,9 @@ impl Catalog {
     }
 
     fn load_own_broker_configs(&self) -> Result<BTreeMap<String, String>, CatalogError> {
-        let id = self.broker_id.load(Ordering::Relaxed);
-        if id == NO_BROKER_ID {
+        let Some(id) = self.broker_id.get() else {
             return Ok(BTreeMap::new());
-        }
+        };
         let mut all: BrokerConfigsById =
             load_json(&self.dir.join(BROKER_CONFIGS_BY_ID))?.unwrap_or_default();
         Ok(all.remove(&id.to_string()).unwrap_or_default())
@@ -791,7 +789,7 @@ impl Catalog {
                     all.insert(id.to_string(), configs.clone());
                 }
                 store_json(&path, &all)?;
-                if id == self.broker_id.load(Ordering::Relaxed) {
+                if self.broker_id.get() == Some(&id) {
                     self.own_broker_configs.store(Arc::new(configs));
                 }
             }

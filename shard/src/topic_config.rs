@@ -446,6 +446,15 @@ pub fn topic_key_for_broker(name: &str) -> Option<&'static str> {
         .map(|(_, t)| *t)
 }
 
+/// The broker config that sets the default of topic config `name` (`log.retention.ms` for
+/// `retention.ms`), if one does.
+pub fn broker_key_for_topic(name: &str) -> Option<&'static str> {
+    BROKER_DEFAULTS
+        .iter()
+        .find(|(_, t)| *t == name)
+        .map(|(b, _)| *b)
+}
+
 /// Kafka's other dynamic broker configs (its `DynamicBrokerConfig`): security, thread pools,
 /// connection quotas, the log cleaner, metric reporters, replication throttles. kaas has no
 /// equivalent of them (no SASL or SSL listener, no thread pools, no replicas: the
@@ -628,10 +637,7 @@ pub fn synonyms<'a>(
     if let Some(v) = topic.get(name) {
         out.push((name, v.as_str(), Source::Topic));
     }
-    let broker_name = BROKER_DEFAULTS
-        .iter()
-        .find(|(_, t)| *t == name)
-        .map(|(b, _)| *b);
+    let broker_name = broker_key_for_topic(name);
     if let Some(b) = broker_name {
         for (layer, source) in [
             (broker.own, Source::DynamicBroker),
@@ -659,8 +665,8 @@ pub fn resolve<'a>(
     if let Some(v) = topic.get(name) {
         return Some((v.as_str(), Source::Topic));
     }
-    if let Some((b, _)) = BROKER_DEFAULTS.iter().find(|(_, t)| *t == name) {
-        if let Some(v) = broker.get(*b) {
+    if let Some(b) = broker_key_for_topic(name) {
+        if let Some(v) = broker.get(b) {
             return Some((v.as_str(), Source::DynamicBrokerDefault));
         }
     }
@@ -760,8 +766,8 @@ mod tests {
     use super::*;
 
     // Kafka's layering: the topic's own value, then this broker's dynamic config, then the
-    // dynamic broker default, then the static one (server.properties here: --broker-config), then the built-in default; each
-    // reported with its source.
+    // dynamic broker default, then the static one (server.properties here: --broker-config),
+    // then the built-in default; each reported with its source.
     #[test]
     fn static_broker_configs_sit_beneath_the_dynamic_ones() {
         let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {

@@ -312,10 +312,7 @@ fn broker_entry(
 
 /// The type of broker config `name`, for its description.
 fn broker_kind(name: &str) -> ConfigType {
-    if let Some((_, t)) = topic_config::BROKER_DEFAULTS
-        .iter()
-        .find(|(b, _)| *b == name)
-    {
+    if let Some(t) = topic_config::topic_key_for_broker(name) {
         return topic_config::lookup(t).map_or(ConfigType::String, |d| d.kind);
     }
     if topic_config::CONNECTION_LIMITS.contains(&name) {

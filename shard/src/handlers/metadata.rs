@@ -10,6 +10,7 @@ use kaas_wire::kafka_protocol::messages::describe_cluster_response::DescribeClus
 use kaas_wire::kafka_protocol::messages::describe_topic_partitions_response::{
     Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
 };
+use kaas_wire::kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kaas_wire::kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
@@ -58,13 +59,7 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
             topics.push(topic_response(shard, t));
         }
     } else {
-        let names: Vec<String> = req
-            .topics
-            .iter()
-            .flatten()
-            .filter_map(|t| t.name.as_ref().map(|n| n.as_str().to_string()))
-            .collect();
-        catch_up(shard, &names).await;
+        catch_up(shard, req.topics.as_deref().unwrap_or_default()).await;
         let snapshot = shard.catalog.snapshot();
         let allow_create = version < 4 || req.allow_auto_topic_creation;
         for rt in req.topics.unwrap_or_default() {
@@ -127,14 +122,18 @@ const CATCH_UP: Duration = Duration::from_millis(250);
 /// after (kafka-python's admin asked a second broker 6 ms after the creation and was told
 /// "unknown": that broker applied the placing assignment 16 ms after the first). A name that
 /// does not exist costs one `stat` when nothing changed.
-async fn catch_up(shard: &Shard, names: &[String]) {
+async fn catch_up(shard: &Shard, asked: &[MetadataRequestTopic]) {
+    if !shard.cluster.enabled() {
+        return;
+    }
     let missing = || {
         let snapshot = shard.catalog.snapshot();
-        names
+        asked
             .iter()
-            .any(|n| snapshot.get(n).is_none() || !shard.cluster.placed(n))
+            .filter_map(|t| t.name.as_deref())
+            .any(|n| snapshot.get(n.as_str()).is_none() || !shard.cluster.placed(n.as_str()))
     };
-    if !shard.cluster.enabled() || !missing() || !shard.catalog.topics_changed_on_disk() {
+    if !missing() || !shard.catalog.topics_changed_on_disk() {
         return;
     }
     shard.cluster.refresh();

@@ -85,9 +85,6 @@ where
     F: FnOnce(Rc<Shard>) -> Fut + Send + 'static,
     Fut: Future<Output = R> + 'static,
 {
-    if let Err(e) = coordinates(shard, group_id) {
-        return failed(e);
-    }
     let owner = owner_shard(group_id, shard.nshards);
     let gid = group_id.to_string();
     let answer = on_shard(shard, owner, move |s: Rc<Shard>| async move {
@@ -100,17 +97,6 @@ where
         Some(Err(e)) => failed(e),
         None => failed(unavailable()),
     }
-}
-
-/// Whether this broker coordinates `group_id` in the current view (always, single-node).
-fn coordinates(shard: &Shard, group_id: &str) -> Result<(), GroupError> {
-    if shard.cluster.coordinator(group_id) == Some(shard.cluster.me()) {
-        return Ok(());
-    }
-    Err(GroupError::NotCoordinator(format!(
-        "broker {} is not the coordinator of group {group_id}",
-        shard.cluster.me()
-    )))
 }
 
 /// What a request does with a group, for [`serve_here`].
@@ -131,7 +117,12 @@ enum Access {
 /// from there says "no committed offset", and a consumer with auto.offset.reset=latest then
 /// starts past records nobody consumed.
 async fn serve_here(s: &Rc<Shard>, group_id: &str, access: Access) -> Result<(), GroupError> {
-    coordinates(s, group_id)?;
+    if s.cluster.coordinator(group_id) != Some(s.cluster.me()) {
+        return Err(GroupError::NotCoordinator(format!(
+            "broker {} is not the coordinator of group {group_id}",
+            s.cluster.me()
+        )));
+    }
     s.groups.ready().await;
     match access {
         Access::Change => s.groups.claim(group_id).await,
