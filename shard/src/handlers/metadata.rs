@@ -116,29 +116,39 @@ const CATCH_UP: Duration = Duration::from_millis(250);
 /// Cluster mode: a topic another broker created moments ago reaches this broker with the
 /// controller's next assignment, which each broker applies when the controller's push arrives
 /// — milliseconds apart, and the creating broker answers CreateTopics as soon as it applied
-/// it. When a topic asked for is unknown or unplaced here and the topics on the volume changed
-/// since this broker read them, the view is refreshed and given up to [`CATCH_UP`] to show it
-/// placed, so a client that created a topic through one broker finds it at any other right
-/// after (kafka-python's admin asked a second broker 6 ms after the creation and was told
-/// "unknown": that broker applied the placing assignment 16 ms after the first). A name that
-/// does not exist costs one `stat` when nothing changed.
+/// it. So before answering, the view is refreshed and given up to [`CATCH_UP`] to show every
+/// topic asked for placed when one is known here but not placed yet, or unknown while the
+/// topics on the volume changed since this broker read them. A client that created a topic
+/// through one broker then finds it at any other right after (kafka-python's admin asked a
+/// second broker 6 ms after the creation and was told "unknown": that broker applied the
+/// placing assignment 16 ms after the first). A name that does not exist costs one `stat`
+/// when nothing changed.
 async fn catch_up(shard: &Shard, asked: &[MetadataRequestTopic]) {
     if !shard.cluster.enabled() {
         return;
     }
-    let missing = || {
+    // (some name unknown here, some name known but not placed)
+    let pending = || {
         let snapshot = shard.catalog.snapshot();
-        asked
-            .iter()
-            .filter_map(|t| t.name.as_deref())
-            .any(|n| snapshot.get(n.as_str()).is_none() || !shard.cluster.placed(n.as_str()))
+        asked.iter().filter_map(|t| t.name.as_deref()).fold(
+            (false, false),
+            |(unknown, unplaced), n| {
+                let known = snapshot.get(n.as_str()).is_some();
+                (
+                    unknown || !known,
+                    unplaced || (known && !shard.cluster.placed(n.as_str())),
+                )
+            },
+        )
     };
-    if !missing() || !shard.catalog.topics_changed_on_disk() {
+    let (unknown, unplaced) = pending();
+    let worth_waiting = unplaced || (unknown && shard.catalog.topics_changed_on_disk());
+    if !worth_waiting {
         return;
     }
     shard.cluster.refresh();
     let deadline = Instant::now() + CATCH_UP;
-    while missing() && Instant::now() < deadline {
+    while pending() != (false, false) && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
 }
