@@ -5,10 +5,11 @@ mode: three kaas brokers SIGKILLed, paused past their Lease and restarted.
   librdkafka with its defaults, at-least-once by construction) that are also SIGKILLed and
   replaced. At the end the group has consumed every acknowledged record, and every record
   below its final committed offsets: a committed offset past what some member processed is a
-  record skipped after a failover. Both group protocols.
+  record skipped after a failover. Both group protocols, with librdkafka members and with
+  Apache Kafka Java consumer members.
 - The Apache Kafka Java producer with its defaults: nothing lost, duplicated or reordered.
 
-CI runs 45 s of faults each; KAAS_LONG_TESTS=1 runs KAAS_CHAOS_SECONDS (default 240) with the
+CI runs 45 s of faults each (30 s with the Java members); KAAS_LONG_TESTS=1 runs KAAS_CHAOS_SECONDS (default 240) with the
 seed in KAAS_CHAOS_SEED."""
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ MEMBER = Path(__file__).with_name("group_member.py")
 class Members:
     """The group's member processes; each incarnation writes its own file."""
 
-    def __init__(self, root: Path, bootstrap: str, protocol: str):
+    def __init__(self, root: Path, bootstrap: str, protocol: str, java_classes: str | None = None):
+        """librdkafka members (tests/group_member.py), or Java client members
+        (tests/java/KaasClientCheck.java `member`) when given the Java classpath."""
         self.root, self.bootstrap, self.protocol = root, bootstrap, protocol
+        self.java_classes = java_classes
         self.procs: dict[int, subprocess.Popen] = {}
         self.files: list[Path] = []
 
@@ -50,9 +54,13 @@ class Members:
         out = self.root / f"member-{slot}-{len(self.files)}.txt"
         self.files.append(out)
         err = open(self.root / f"member-{slot}.err", "ab")
+        if self.java_classes:
+            cmd = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-cp", self.java_classes, "KaasClientCheck",
+                   "member", self.bootstrap, GROUP, TOPIC, str(out), self.protocol]
+        else:
+            cmd = [sys.executable, str(MEMBER), self.bootstrap, GROUP, TOPIC, str(out), self.protocol]
         self.procs[slot] = subprocess.Popen(
-            [sys.executable, str(MEMBER), self.bootstrap, GROUP, TOPIC, str(out), self.protocol],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
+            cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
         err.close()
 
     def kill(self, slot: int) -> None:
@@ -135,9 +143,9 @@ def member_fault(members: Members, rng: random.Random) -> tuple[str, int]:
     return choice, slot
 
 
-def chaos_cluster(make_cluster, what: str):
+def chaos_cluster(make_cluster, what: str, ci_seconds: float = 45.0):
     """(seconds of faults, seed, its random source, a 3-broker cluster with the topic balanced)."""
-    seconds = float(os.environ.get("KAAS_CHAOS_SECONDS", "240")) if LONG else 45.0
+    seconds = float(os.environ.get("KAAS_CHAOS_SECONDS", "240")) if LONG else ci_seconds
     seed = int(os.environ.get("KAAS_CHAOS_SEED", str(int(time.time()))))
     print(f"\n{what}: seed {seed}, {seconds:.0f}s of faults")
     c = make_cluster(3)
@@ -158,9 +166,26 @@ def restart_all_and_settle(c) -> None:
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
 @logs_on_failure
 def test_group_consumes_every_acknowledged_record_through_faults(make_cluster, tmp_path, protocol):
-    seconds, seed, rng, c = chaos_cluster(make_cluster, f"group chaos, {protocol} protocol")
+    group_chaos(make_cluster, tmp_path, protocol, None)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+@logs_on_failure
+def test_java_group_consumes_every_acknowledged_record_through_faults(
+        make_cluster, tmp_path, protocol, java_classes):
+    """As the librdkafka test above, with the Apache Kafka Java consumer's defaults as members:
+    its auto commit runs inside poll() and commits what the previous poll returned."""
+    group_chaos(make_cluster, tmp_path, protocol, java_classes)
+
+
+def group_chaos(make_cluster, tmp_path, protocol: str, java_classes: str | None) -> None:
+    client = "java" if java_classes else "librdkafka"
+    # The Java members get 30 s of faults in CI (45 s for librdkafka's), to keep CI's time.
+    seconds, seed, rng, c = chaos_cluster(make_cluster, f"group chaos, {client} {protocol} protocol",
+                                          30.0 if java_classes else 45.0)
     commit_start(c.bootstrap())
-    members = Members(tmp_path, c.bootstrap(), protocol)
+    members = Members(tmp_path, c.bootstrap(), protocol, java_classes)
     for slot in range(3):
         members.start(slot)
     load = Load(c.bootstrap(), TOPIC, PARTITIONS, "g").start()

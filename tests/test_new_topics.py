@@ -182,3 +182,73 @@ def test_a_topic_created_through_one_broker_is_led_at_every_other_at_once(cluste
                 else:
                     check_answer(other, topic, error, partitions)
     assert not late, f"brokers answered a topic created through another without it: {late}"
+
+
+def describe_topic_partitions(node, topic: str):
+    """(topic error, {partition: (leader, partition error)}) as `node` answers
+    DescribeTopicPartitions v0 (what the Java admin's describeTopics sends)."""
+    from kafka.protocol.admin import DescribeTopicPartitionsRequest as D
+    req = D[0](topics=[D.TopicRequest(name=topic)], response_partition_limit=2000, cursor=None)
+    (t,) = call(node, req).topics
+    return t.error_code, {p.partition_index: (p.leader_id, p.error_code) for p in t.partitions}
+
+
+def describe_topic_configs(node, topic: str) -> int:
+    """The error code of `node`'s DescribeConfigs v4 answer for a topic."""
+    from kafka.protocol.admin import DescribeConfigsRequest as C
+    req = C[4](resources=[C.DescribeConfigsResource(resource_type=2, resource_name=topic,
+                                                    configuration_keys=None)],
+               include_synonyms=False, include_documentation=False)
+    (r,) = call(node, req).results
+    return r.error_code
+
+
+def alter_topic_configs(node, topic: str) -> int:
+    """The error code of `node`'s IncrementalAlterConfigs v1 answer setting a topic's
+    retention.ms."""
+    from kafka.protocol.admin import IncrementalAlterConfigsRequest as I
+    req = I[1](resources=[I.AlterConfigsResource(
+        resource_type=2, resource_name=topic, configs=[I.AlterConfigsResource.AlterableConfig(
+            name="retention.ms", config_operation=0, value="86400000")])], validate_only=False)
+    (r,) = call(node, req).responses
+    return r.error_code
+
+
+@logs_on_failure
+def test_a_topic_created_through_one_broker_is_described_at_every_other_at_once(cluster):
+    """The Java admin sends describeTopics (DescribeTopicPartitions), describeConfigs and
+    incrementalAlterConfigs to whichever broker it likes, and fails on "unknown topic" without
+    retrying: `kafka-topics --create` then `--describe`, or a UI creating a topic and showing
+    it, against three brokers. Right after CreateTopics answered through one broker, every
+    other broker answers each for the new topic, with every partition led. They used to answer
+    UNKNOWN_TOPIC_OR_PARTITION until they applied the controller's assignment (Metadata alone
+    caught up first)."""
+    from kafka.protocol.admin import CreateTopicsRequest
+    c = cluster
+    late = []
+    for round_ in range(3):
+        for node in c.nodes:
+            for api in ("partitions", "configs", "alter"):
+                topic = f"described-{api}-{round_}-{node.id}"
+                req = CreateTopicsRequest[4](
+                    topics=[CreateTopicsRequest.CreatableTopic(
+                        name=topic, num_partitions=3, replication_factor=1, assignments=[],
+                        configs=[])],
+                    timeout_ms=30_000, validate_only=False)
+                (created,) = call(node, req).topics
+                assert created.error_code == NONE, created
+                for other in c.nodes:
+                    if other is node:
+                        continue
+                    if api in ("configs", "alter"):
+                        ask = describe_topic_configs if api == "configs" else alter_topic_configs
+                        error = ask(other, topic)
+                        if error != NONE:
+                            late.append((topic, other.id, api, error))
+                        continue
+                    error, partitions = describe_topic_partitions(other, topic)
+                    led = sorted(partitions) == [0, 1, 2] and all(
+                        leader >= 0 and code == NONE for leader, code in partitions.values())
+                    if error != NONE or not led:
+                        late.append((topic, other.id, "DescribeTopicPartitions", error, partitions))
+    assert not late, f"brokers answered for a topic created through another without it: {late}"

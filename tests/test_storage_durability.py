@@ -69,9 +69,11 @@ def read_compacted(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[
 
 
 def produce_until_killed(broker, topic: str, tag: str, acked: dict, kill_after_s: float) -> int:
-    """acks=all idempotent load from a background thread; SIGKILL the broker mid-flight."""
+    """acks=all idempotent load from a background thread; SIGKILL the broker mid-flight.
+    What was in flight fails once message.timeout.ms passes with the broker down, which the
+    round waits for: short, so twenty rounds take a minute, not two."""
     p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
-                  "linger.ms": 2, "message.timeout.ms": 4000, "retries": 1000000})
+                  "linger.ms": 2, "message.timeout.ms": 1500, "retries": 1000000})
     stop = threading.Event()
     sent = [0]
 

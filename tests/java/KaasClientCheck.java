@@ -26,6 +26,7 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
@@ -45,6 +46,13 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *       writing "j-<partition>-<sequence>" round robin over the partitions until STOPFILE
  *       exists, then flushing; writes "partition offset value" per acknowledged record and
  *       "E partition value error" per failed one (tests/test_failover_clients.py).
+ *   member  BOOTSTRAP GROUP TOPIC OUTFILE PROTOCOL
+ *       One consumer group member with the client's defaults (auto commit every 5 s,
+ *       auto.offset.reset=latest; group.protocol classic or consumer) subscribed to TOPIC:
+ *       appends "partition offset value" per record and flushes them to the kernel before
+ *       the next poll, which is where auto commit commits what the last poll returned, so
+ *       every committed offset was written first. SIGTERM closes the consumer (it commits
+ *       and leaves the group). tests/test_failover_clients.py SIGKILLs it as well.
  * Exit code 0 on success, 1 on any error (message on stderr).
  */
 public class KaasClientCheck {
@@ -57,6 +65,7 @@ public class KaasClientCheck {
             case "produce": produce(args[1], args[2], Integer.parseInt(args[3]), args[4]); break;
             case "consume": consume(args[1], args[2], Integer.parseInt(args[3]), args[4]); break;
             case "load": load(args[1], args[2], Integer.parseInt(args[3]), args[4], args[5]); break;
+            case "member": member(args[1], args[2], args[3], args[4], args[5]); break;
             default: throw new IllegalArgumentException("unknown mode " + args[0]);
         }
     }
@@ -212,5 +221,52 @@ public class KaasClientCheck {
             producer.flush();
         }
         System.out.println("sent " + sent);
+    }
+
+    static void member(String bootstrap, String group, String topic, String out, String protocol)
+            throws Exception {
+        Properties p = new Properties();
+        p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        p.put(ConsumerConfig.GROUP_PROTOCOL_CONFIG, protocol);
+        p.put(ConsumerConfig.CLIENT_ID_CONFIG, "kaas-test-java-member");
+        if (protocol.equals("classic")) {
+            // As tests/group_member.py: Kafka's minimum session timeout bounds how long a
+            // killed member's partitions wait.
+            p.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
+            p.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "1000");
+        }
+        KafkaConsumer<byte[], byte[]> consumer =
+            new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+        Thread main = Thread.currentThread();
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            consumer.wakeup();
+            try {
+                main.join(30_000);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }));
+        try (java.io.FileOutputStream w = new java.io.FileOutputStream(out, true)) {
+            consumer.subscribe(Collections.singletonList(topic));
+            try {
+                while (true) {
+                    ConsumerRecords<byte[], byte[]> recs = consumer.poll(Duration.ofMillis(200));
+                    if (recs.isEmpty()) continue;
+                    StringBuilder sb = new StringBuilder();
+                    for (ConsumerRecord<byte[], byte[]> r : recs) {
+                        sb.append(r.partition()).append(' ').append(r.offset()).append(' ')
+                          .append(new String(r.value(), StandardCharsets.UTF_8)).append('\n');
+                    }
+                    // An unbuffered stream: the bytes are in the kernel before the next poll
+                    // can commit past them, so a SIGKILL loses no processed line.
+                    w.write(sb.toString().getBytes(StandardCharsets.UTF_8));
+                }
+            } catch (WakeupException e) {
+                // SIGTERM: fall through to close, which commits and leaves.
+            } finally {
+                consumer.close();
+            }
+        }
     }
 }

@@ -44,7 +44,15 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-pub fn describe_configs(shard: &Rc<Shard>, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub async fn describe_configs(
+    shard: &Rc<Shard>,
+    req: DescribeConfigsRequest,
+) -> DescribeConfigsResponse {
+    let topics = req
+        .resources
+        .iter()
+        .filter(|r| r.resource_type == RESOURCE_TOPIC);
+    super::metadata::catch_up(shard, topics.map(|r| r.resource_name.as_str())).await;
     let results = req
         .resources
         .iter()
@@ -446,6 +454,11 @@ fn apply_group(
 
 /// AlterConfigs (legacy): the given set replaces all of a topic's overrides.
 pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> AlterConfigsResponse {
+    let topics = req
+        .resources
+        .iter()
+        .filter(|r| r.resource_type == RESOURCE_TOPIC);
+    super::metadata::catch_up(shard, topics.map(|r| r.resource_name.as_str())).await;
     let mut responses = Vec::new();
     for r in &req.resources {
         // AlterConfigs replaces the whole set: entries without a value are dropped.
@@ -502,6 +515,11 @@ pub async fn incremental_alter_configs(
     shard: &Rc<Shard>,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
+    let topics = req
+        .resources
+        .iter()
+        .filter(|r| r.resource_type == RESOURCE_TOPIC);
+    super::metadata::catch_up(shard, topics.map(|r| r.resource_name.as_str())).await;
     let mut responses = Vec::new();
     for r in &req.resources {
         let result: Result<(), (i16, String)> = match r.resource_type {

@@ -10,7 +10,6 @@ use kaas_wire::kafka_protocol::messages::describe_cluster_response::DescribeClus
 use kaas_wire::kafka_protocol::messages::describe_topic_partitions_response::{
     Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
 };
-use kaas_wire::kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kaas_wire::kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
@@ -59,7 +58,15 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
             topics.push(topic_response(shard, t));
         }
     } else {
-        catch_up(shard, req.topics.as_deref().unwrap_or_default()).await;
+        let asked = req.topics.as_deref().unwrap_or_default();
+        catch_up(
+            shard,
+            asked
+                .iter()
+                .filter_map(|t| t.name.as_deref())
+                .map(|n| n.as_str()),
+        )
+        .await;
         let snapshot = shard.catalog.snapshot();
         let allow_create = version < 4 || req.allow_auto_topic_creation;
         for rt in req.topics.unwrap_or_default() {
@@ -109,46 +116,47 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
         ))
 }
 
-/// The longest a Metadata request waits for this broker's view to catch up with a topic
+/// The longest a request naming topics waits for this broker's view to catch up with a topic
 /// change another broker made (see [`catch_up`]).
 const CATCH_UP: Duration = Duration::from_millis(250);
 
 /// Cluster mode: a topic another broker created moments ago reaches this broker with the
 /// controller's next assignment, which each broker applies when the controller's push arrives
 /// — milliseconds apart, and the creating broker answers CreateTopics as soon as it applied
-/// it. So before answering, the view is refreshed and given up to [`CATCH_UP`] to show every
-/// topic asked for placed when one is known here but not placed yet, or unknown while the
-/// topics on the volume changed since this broker read them. A client that created a topic
-/// through one broker then finds it at any other right after (kafka-python's admin asked a
-/// second broker 6 ms after the creation and was told "unknown": that broker applied the
-/// placing assignment 16 ms after the first). A name that does not exist costs one `stat`
-/// when nothing changed.
-async fn catch_up(shard: &Shard, asked: &[MetadataRequestTopic]) {
+/// it. So before answering a request that names topics (Metadata, DescribeTopicPartitions,
+/// DescribeConfigs), the view is refreshed and given up to [`CATCH_UP`] to show every topic
+/// asked for placed when one is known here but not placed yet, or unknown while the topics on
+/// the volume changed since this broker read them. A client that created a topic through one
+/// broker then finds it at any other right after (kafka-python's admin asked a second broker
+/// 6 ms after the creation and was told "unknown": that broker applied the placing assignment
+/// 16 ms after the first; the Java admin's describeTopics and describeConfigs go to any
+/// broker, and fail on "unknown" without retrying). A name that does not exist costs one
+/// `stat` when nothing changed, and stops the wait once this broker has read what changed.
+pub(crate) async fn catch_up<'a>(shard: &Shard, asked: impl Iterator<Item = &'a str> + Clone) {
     if !shard.cluster.enabled() {
         return;
     }
-    // (some name unknown here, some name known but not placed)
-    let pending = || {
+    // Some name known here but not placed yet, or unknown while the volume has topic changes
+    // this broker has not read.
+    let behind = || {
         let snapshot = shard.catalog.snapshot();
-        asked.iter().filter_map(|t| t.name.as_deref()).fold(
-            (false, false),
-            |(unknown, unplaced), n| {
-                let known = snapshot.get(n.as_str()).is_some();
+        let (unknown, unplaced) = asked
+            .clone()
+            .fold((false, false), |(unknown, unplaced), n| {
+                let known = snapshot.get(n).is_some();
                 (
                     unknown || !known,
-                    unplaced || (known && !shard.cluster.placed(n.as_str())),
+                    unplaced || (known && !shard.cluster.placed(n)),
                 )
-            },
-        )
+            });
+        unplaced || (unknown && shard.catalog.topics_changed_on_disk())
     };
-    let (unknown, unplaced) = pending();
-    let worth_waiting = unplaced || (unknown && shard.catalog.topics_changed_on_disk());
-    if !worth_waiting {
+    if !behind() {
         return;
     }
     shard.cluster.refresh();
     let deadline = Instant::now() + CATCH_UP;
-    while pending() != (false, false) && Instant::now() < deadline {
+    while behind() && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -247,10 +255,11 @@ pub fn describe_cluster(shard: &Rc<Shard>, req: DescribeClusterRequest) -> Descr
 }
 
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
-pub fn describe_topic_partitions(
+pub async fn describe_topic_partitions(
     shard: &Rc<Shard>,
     req: DescribeTopicPartitionsRequest,
 ) -> DescribeTopicPartitionsResponse {
+    catch_up(shard, req.topics.iter().map(|t| t.name.as_str())).await;
     let snapshot = shard.catalog.snapshot();
     let names: Vec<String> = if req.topics.is_empty() {
         snapshot.topics.keys().cloned().collect()

@@ -137,9 +137,9 @@ pub async fn handle(
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(metadata::describe_cluster(shard, r))
         }
-        RequestKind::DescribeTopicPartitions(r) => {
-            ResponseKind::DescribeTopicPartitions(metadata::describe_topic_partitions(shard, r))
-        }
+        RequestKind::DescribeTopicPartitions(r) => ResponseKind::DescribeTopicPartitions(
+            metadata::describe_topic_partitions(shard, r).await,
+        ),
         RequestKind::Produce(r) => {
             ResponseKind::Produce(produce::produce(shard, r, version, gate).await?)
         }
@@ -195,7 +195,7 @@ pub async fn handle(
             reassign::alter_partition_reassignments(shard, r),
         ),
         RequestKind::DescribeConfigs(r) => {
-            ResponseKind::DescribeConfigs(configs::describe_configs(shard, r))
+            ResponseKind::DescribeConfigs(configs::describe_configs(shard, r).await)
         }
         RequestKind::AlterConfigs(r) => {
             ResponseKind::AlterConfigs(configs::alter_configs(shard, r).await)
