@@ -161,18 +161,12 @@ def test_a_topic_created_through_one_broker_is_led_at_every_other_at_once(cluste
     meanwhile: kafka-python's admin asked a second broker 6 ms after the creation (its own
     test_list_partition_offsets, in CI). A broker that finds the topics on the volume changed
     now refreshes its view before it answers a topic it does not know."""
-    from kafka.protocol.admin import CreateTopicsRequest
     c = cluster
     late = []
     for round_ in range(4):
         for node in c.nodes:
             topic = f"at-once-{round_}-{node.id}"
-            req = CreateTopicsRequest[4](
-                topics=[CreateTopicsRequest.CreatableTopic(
-                    name=topic, num_partitions=3, replication_factor=1, assignments=[], configs=[])],
-                timeout_ms=30_000, validate_only=False)
-            (created,) = call(node, req).topics
-            assert created.error_code == NONE, created
+            create_through(node, topic)
             for other in c.nodes:
                 if other is node:
                     continue
@@ -182,6 +176,17 @@ def test_a_topic_created_through_one_broker_is_led_at_every_other_at_once(cluste
                 else:
                     check_answer(other, topic, error, partitions)
     assert not late, f"brokers answered a topic created through another without it: {late}"
+
+
+def create_through(node, topic: str) -> None:
+    """CreateTopics v4 (three partitions) sent to `node` itself, answered without error."""
+    from kafka.protocol.admin import CreateTopicsRequest
+    req = CreateTopicsRequest[4](
+        topics=[CreateTopicsRequest.CreatableTopic(
+            name=topic, num_partitions=3, replication_factor=1, assignments=[], configs=[])],
+        timeout_ms=30_000, validate_only=False)
+    (created,) = call(node, req).topics
+    assert created.error_code == NONE, created
 
 
 def describe_topic_partitions(node, topic: str):
@@ -223,20 +228,13 @@ def test_a_topic_created_through_one_broker_is_described_at_every_other_at_once(
     other broker answers each for the new topic, with every partition led. They used to answer
     UNKNOWN_TOPIC_OR_PARTITION until they applied the controller's assignment (Metadata alone
     caught up first)."""
-    from kafka.protocol.admin import CreateTopicsRequest
     c = cluster
     late = []
     for round_ in range(3):
         for node in c.nodes:
             for api in ("partitions", "configs", "alter"):
                 topic = f"described-{api}-{round_}-{node.id}"
-                req = CreateTopicsRequest[4](
-                    topics=[CreateTopicsRequest.CreatableTopic(
-                        name=topic, num_partitions=3, replication_factor=1, assignments=[],
-                        configs=[])],
-                    timeout_ms=30_000, validate_only=False)
-                (created,) = call(node, req).topics
-                assert created.error_code == NONE, created
+                create_through(node, topic)
                 for other in c.nodes:
                     if other is node:
                         continue
@@ -252,3 +250,37 @@ def test_a_topic_created_through_one_broker_is_described_at_every_other_at_once(
                     if error != NONE or not led:
                         late.append((topic, other.id, "DescribeTopicPartitions", error, partitions))
     assert not late, f"brokers answered for a topic created through another without it: {late}"
+
+
+def list_offsets(node, topic: str, partition: int) -> int:
+    """The error code of `node`'s ListOffsets v7 answer for a partition's latest offset."""
+    from kafka.protocol.consumer.offsets import ListOffsetsRequest as L
+    req = L[7](replica_id=-1, isolation_level=0, topics=[L.ListOffsetsTopic(
+        name=topic, partitions=[L.ListOffsetsTopic.ListOffsetsPartition(
+            partition_index=partition, current_leader_epoch=-1, timestamp=-1)])])
+    ((p,),) = [t.partitions for t in call(node, req).topics]
+    return p.error_code
+
+
+@logs_on_failure
+def test_the_leader_metadata_names_for_a_new_topic_answers_list_offsets(cluster):
+    """librdkafka's offsetsForTimes() sends ListOffsets to the leaders Metadata names and does
+    not retry NOT_LEADER_OR_FOLLOWER (its own test 0054_offset_time failed on a cluster: a
+    partition of a topic auto-created 0.5 s earlier). Right after CreateTopics answered, the
+    broker Metadata names as a partition's leader answers ListOffsets for it: a leader still
+    taking the partition over (or still applying the assignment that gives it) finishes first,
+    up to 250 ms, instead of answering NOT_LEADER_OR_FOLLOWER."""
+    c = cluster
+    by_id = {n.id: n for n in c.nodes}
+    refused = []
+    for round_ in range(4):
+        for node in c.nodes:
+            topic = f"listed-{round_}-{node.id}"
+            create_through(node, topic)
+            error, partitions = metadata(node, topic, auto_create=False)
+            assert check_answer(node, topic, error, partitions)
+            for p, (leader, _) in sorted(partitions.items()):
+                code = list_offsets(by_id[leader], topic, p)
+                if code != NONE:
+                    refused.append((topic, p, leader, code))
+    assert not refused, f"leaders Metadata named refused ListOffsets: {refused}"

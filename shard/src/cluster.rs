@@ -118,6 +118,13 @@ pub enum ControlMsg {
     },
 }
 
+/// The longest a request waits for this broker's view to catch up with a change the
+/// controller or another broker made moments ago: a topic created through another broker
+/// (`handlers::metadata::catch_up`), or a partition this broker is about to take over
+/// (`Shard::await_take_over`). Every broker applies the controller's file within milliseconds
+/// of the others; the bound only matters when no such change is coming.
+pub const CATCH_UP: Duration = Duration::from_millis(250);
+
 /// The shared view. See the module docs.
 pub struct ClusterView {
     enabled: bool,

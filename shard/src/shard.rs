@@ -177,6 +177,37 @@ impl Shard {
                 .is_some_and(|s| s.contains(&partition))
     }
 
+    /// Cluster mode: a request for a partition this broker is about to lead waits (up to
+    /// [`crate::cluster::CATCH_UP`]) for the take-over, instead of being answered
+    /// NOT_LEADER_OR_FOLLOWER. The controller's file reaches every broker within milliseconds,
+    /// and each takes its partitions over after applying it, so another broker's Metadata can
+    /// name this one as a new topic's leader a few milliseconds before this one serves it:
+    /// librdkafka's offsetsForTimes() sent ListOffsets there and does not retry that error
+    /// (its test 0054_offset_time failed on a cluster). Waits only while this broker's view
+    /// names it the leader, or names no leader yet (the file placing the partition not
+    /// applied); a partition another broker leads is answered at once.
+    pub async fn await_take_over(&self, topic: &str, partition: i32) {
+        if self.serves(topic, partition) {
+            return;
+        }
+        let ours_or_unplaced = || {
+            self.cluster
+                .leader(topic, partition)
+                .is_none_or(|l| l == self.cluster.me())
+        };
+        if !ours_or_unplaced() {
+            return;
+        }
+        self.cluster.refresh();
+        let deadline = std::time::Instant::now() + crate::cluster::CATCH_UP;
+        while !self.serves(topic, partition)
+            && ours_or_unplaced()
+            && std::time::Instant::now() < deadline
+        {
+            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// Cluster mode: becomes the leader of a partition. The log is opened and recovered (every
     /// write the previous leader acknowledged was fsynced before it stopped), the leader epoch
     /// is raised past every epoch stored, so the first write starts a new segment named by it,

@@ -116,15 +116,11 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
         ))
 }
 
-/// The longest a request naming topics waits for this broker's view to catch up with a topic
-/// change another broker made (see [`catch_up`]).
-const CATCH_UP: Duration = Duration::from_millis(250);
-
 /// Cluster mode: a topic another broker created moments ago reaches this broker with the
 /// controller's next assignment, which each broker applies when the controller's push arrives
 /// — milliseconds apart, and the creating broker answers CreateTopics as soon as it applied
 /// it. So before answering a request that names topics (Metadata, DescribeTopicPartitions,
-/// DescribeConfigs), the view is refreshed and given up to [`CATCH_UP`] to show every topic
+/// the config APIs, ListOffsets), the view is refreshed and given up to [`CATCH_UP`](crate::cluster::CATCH_UP) to show every topic
 /// asked for placed when one is known here but not placed yet, or unknown while the topics on
 /// the volume changed since this broker read them. A client that created a topic through one
 /// broker then finds it at any other right after (kafka-python's admin asked a second broker
@@ -155,7 +151,7 @@ pub(crate) async fn catch_up<'a>(shard: &Shard, asked: impl Iterator<Item = &'a 
         return;
     }
     shard.cluster.refresh();
-    let deadline = Instant::now() + CATCH_UP;
+    let deadline = Instant::now() + crate::cluster::CATCH_UP;
     while behind() && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }

@@ -80,6 +80,8 @@ pub async fn list_offsets(
             )
         })
         .collect();
+    let asked = req.topics.iter().map(|t| t.name.as_str());
+    super::metadata::catch_up(shard, asked).await;
     let answers = per_topic_partition(
         shard,
         wanted,
@@ -127,6 +129,7 @@ async fn lookup(
     timestamp: i64,
     current_epoch: i32,
 ) -> OffsetAnswer {
+    shard.await_take_over(&meta.name, partition).await;
     let log = match shard.partition(&meta, partition).await {
         Ok(l) => l,
         Err(e) => return OffsetAnswer::error(errors::storage(&e)),
