@@ -120,9 +120,10 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
 /// controller's next assignment, which each broker applies when the controller's push arrives
 /// — milliseconds apart, and the creating broker answers CreateTopics as soon as it applied
 /// it. So before answering a request that names topics (Metadata, DescribeTopicPartitions,
-/// the config APIs, ListOffsets), the view is refreshed and given up to [`CATCH_UP`](crate::cluster::CATCH_UP) to show every topic
-/// asked for placed when one is known here but not placed yet, or unknown while the topics on
-/// the volume changed since this broker read them. A client that created a topic through one
+/// the config APIs, ListOffsets), the view is refreshed and given up to
+/// [`CATCH_UP`](crate::cluster::CATCH_UP) to show every topic asked for placed when one is
+/// known here but not placed yet, or unknown while the topics on the volume changed since this
+/// broker read them. A client that created a topic through one
 /// broker then finds it at any other right after (kafka-python's admin asked a second broker
 /// 6 ms after the creation and was told "unknown": that broker applied the placing assignment
 /// 16 ms after the first; the Java admin's describeTopics and describeConfigs go to any
