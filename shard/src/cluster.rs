@@ -118,11 +118,8 @@ pub enum ControlMsg {
     },
 }
 
-/// The longest a request waits for this broker's view to catch up with a change the
-/// controller or another broker made moments ago: a topic created through another broker
-/// (`handlers::metadata::catch_up`), or a partition this broker is about to take over
-/// (`Shard::await_take_over`). Every broker applies the controller's file within milliseconds
-/// of the others; the bound only matters when no such change is coming.
+/// The longest [`ClusterView::catch_up`] waits. Every broker applies the controller's file
+/// within milliseconds of the others; the bound only matters when no such change is coming.
 pub const CATCH_UP: Duration = Duration::from_millis(250);
 
 /// The shared view. See the module docs.
@@ -195,6 +192,22 @@ impl ClusterView {
     pub fn refresh(&self) {
         if let Some(f) = self.refresh.get() {
             f();
+        }
+    }
+
+    /// Waits, up to [`CATCH_UP`], while `behind` says this broker's view has not caught up
+    /// with a change the controller or another broker made moments ago: a topic created
+    /// through another broker (`handlers::metadata::catch_up`), or a partition this broker is
+    /// about to take over (`Shard::await_take_over`). Asks for the assignment to be re-read
+    /// first. Shard threads only (a glommio timer paces the checks).
+    pub async fn catch_up(&self, behind: impl Fn() -> bool) {
+        if !behind() {
+            return;
+        }
+        self.refresh();
+        let deadline = Instant::now() + CATCH_UP;
+        while behind() && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(5)).await;
         }
     }
 

@@ -187,25 +187,14 @@ impl Shard {
     /// names it the leader, or names no leader yet (the file placing the partition not
     /// applied); a partition another broker leads is answered at once.
     pub async fn await_take_over(&self, topic: &str, partition: i32) {
-        if self.serves(topic, partition) {
-            return;
-        }
-        let ours_or_unplaced = || {
-            self.cluster
-                .leader(topic, partition)
-                .is_none_or(|l| l == self.cluster.me())
+        let taking_over = || {
+            !self.serves(topic, partition)
+                && self
+                    .cluster
+                    .leader(topic, partition)
+                    .is_none_or(|l| l == self.cluster.me())
         };
-        if !ours_or_unplaced() {
-            return;
-        }
-        self.cluster.refresh();
-        let deadline = std::time::Instant::now() + crate::cluster::CATCH_UP;
-        while !self.serves(topic, partition)
-            && ours_or_unplaced()
-            && std::time::Instant::now() < deadline
-        {
-            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        self.cluster.catch_up(taking_over).await;
     }
 
     /// Cluster mode: becomes the leader of a partition. The log is opened and recovered (every

@@ -44,15 +44,25 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
+/// A config request naming topics another broker created moments ago waits for this broker
+/// to know them, as Metadata does (`metadata::catch_up`); other resources need nothing.
+async fn catch_up_on_topics<'a>(
+    shard: &Shard,
+    resources: impl Iterator<Item = (i8, &'a StrBytes)> + Clone,
+) {
+    let topics = resources.filter_map(|(kind, name)| (kind == RESOURCE_TOPIC).then_some(name));
+    super::metadata::catch_up(shard, topics.map(|n| n.as_str())).await;
+}
+
 pub async fn describe_configs(
     shard: &Rc<Shard>,
     req: DescribeConfigsRequest,
 ) -> DescribeConfigsResponse {
-    let topics = req
+    let named = req
         .resources
         .iter()
-        .filter(|r| r.resource_type == RESOURCE_TOPIC);
-    super::metadata::catch_up(shard, topics.map(|r| r.resource_name.as_str())).await;
+        .map(|r| (r.resource_type, &r.resource_name));
+    catch_up_on_topics(shard, named).await;
     let results = req
         .resources
         .iter()
@@ -454,11 +464,11 @@ fn apply_group(
 
 /// AlterConfigs (legacy): the given set replaces all of a topic's overrides.
 pub async fn alter_configs(shard: &Rc<Shard>, req: AlterConfigsRequest) -> AlterConfigsResponse {
-    let topics = req
+    let named = req
         .resources
         .iter()
-        .filter(|r| r.resource_type == RESOURCE_TOPIC);
-    super::metadata::catch_up(shard, topics.map(|r| r.resource_name.as_str())).await;
+        .map(|r| (r.resource_type, &r.resource_name));
+    catch_up_on_topics(shard, named).await;
     let mut responses = Vec::new();
     for r in &req.resources {
         // AlterConfigs replaces the whole set: entries without a value are dropped.
@@ -515,11 +525,11 @@ pub async fn incremental_alter_configs(
     shard: &Rc<Shard>,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
-    let topics = req
+    let named = req
         .resources
         .iter()
-        .filter(|r| r.resource_type == RESOURCE_TOPIC);
-    super::metadata::catch_up(shard, topics.map(|r| r.resource_name.as_str())).await;
+        .map(|r| (r.resource_type, &r.resource_name));
+    catch_up_on_topics(shard, named).await;
     let mut responses = Vec::new();
     for r in &req.resources {
         let result: Result<(), (i16, String)> = match r.resource_type {

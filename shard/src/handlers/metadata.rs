@@ -4,7 +4,6 @@
 
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use kaas_wire::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kaas_wire::kafka_protocol::messages::describe_topic_partitions_response::{
@@ -120,15 +119,17 @@ pub async fn metadata(shard: &Rc<Shard>, req: MetadataRequest, version: i16) -> 
 /// controller's next assignment, which each broker applies when the controller's push arrives
 /// — milliseconds apart, and the creating broker answers CreateTopics as soon as it applied
 /// it. So before answering a request that names topics (Metadata, DescribeTopicPartitions,
-/// the config APIs, ListOffsets), the view is refreshed and given up to
-/// [`CATCH_UP`](crate::cluster::CATCH_UP) to show every topic asked for placed when one is
-/// known here but not placed yet, or unknown while the topics on the volume changed since this
-/// broker read them. A client that created a topic through one
-/// broker then finds it at any other right after (kafka-python's admin asked a second broker
-/// 6 ms after the creation and was told "unknown": that broker applied the placing assignment
-/// 16 ms after the first; the Java admin's describeTopics and describeConfigs go to any
-/// broker, and fail on "unknown" without retrying). A name that does not exist costs one
-/// `stat` when nothing changed, and stops the wait once this broker has read what changed.
+/// the config APIs, ListOffsets), the view is given time ([`ClusterView::catch_up`]) to show
+/// every topic asked for placed when one is known here but not placed yet, or unknown while
+/// the topics on the volume changed since this broker read them. A client that created a
+/// topic through one broker then finds it at any other right after (kafka-python's admin
+/// asked a second broker 6 ms after the creation and was told "unknown": that broker applied
+/// the placing assignment 16 ms after the first; the Java admin's describeTopics and
+/// describeConfigs go to any broker, and fail on "unknown" without retrying). A name that
+/// does not exist costs one `stat` when nothing changed, and stops the wait once this broker
+/// has read what changed.
+///
+/// [`ClusterView::catch_up`]: crate::cluster::ClusterView::catch_up
 pub(crate) async fn catch_up<'a>(shard: &Shard, asked: impl Iterator<Item = &'a str> + Clone) {
     if !shard.cluster.enabled() {
         return;
@@ -148,14 +149,7 @@ pub(crate) async fn catch_up<'a>(shard: &Shard, asked: impl Iterator<Item = &'a 
             });
         unplaced || (unknown && shard.catalog.topics_changed_on_disk())
     };
-    if !behind() {
-        return;
-    }
-    shard.cluster.refresh();
-    let deadline = Instant::now() + crate::cluster::CATCH_UP;
-    while behind() && Instant::now() < deadline {
-        glommio::timer::sleep(Duration::from_millis(5)).await;
-    }
+    shard.cluster.catch_up(behind).await;
 }
 
 fn error_topic(name: &str, code: i16) -> MetadataResponseTopic {
