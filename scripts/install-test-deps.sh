@@ -8,7 +8,8 @@
 #   PyPI:   tests/requirements.txt (pytest, kafka-python, confluent-kafka, requests, ...)
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
-#   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver, franz-go's kgo test binary
+#   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver, the kgo (franz-go) and
+#           kafka-go test binaries
 #   C:      librdkafka's test-runner (its tests/ suite), built from the rdkafka-sys crate's source
 #
 # Environment: KAAS_SKIP_APT=1 skips apt-get (e.g. when not root).
@@ -109,6 +110,8 @@ bash "$here/install-deploy-deps.sh"
 # franz-go's kgo test binary for the client-suite ratchet (tests/test_client_suites.py):
 # module source from the Go module proxy, built once into ~/.cache/kaas/suites.
 python3 "$repo/tests/suites/franz_go.py"
+# segmentio/kafka-go's test binary, the same way (tests/suites/kafka_go.py).
+python3 "$repo/tests/suites/kafka_go.py"
 # kafka-python's own integration suite (tests/test_suite_kafka_python.py): its PyPI sdist,
 # extracted into ~/.cache/kaas/suites with its codec libraries beside it.
 python3 "$repo/tests/suites/kafka_python.py"

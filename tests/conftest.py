@@ -107,6 +107,8 @@ class Broker:
         self.extra_args = list(extra_args)
         self.host = "127.0.0.1"
         self.port = free_port()
+        # HOST:PORT told to clients, when not the listen address (a suite that expects a name)
+        self.advertised: str | None = None
         self.health_port = free_port() if kind == "kaas" else None
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -127,11 +129,13 @@ class Broker:
             return [
                 str(kaas_bin()),
                 "--listen", self.bootstrap,
-                "--advertised-listener", self.bootstrap,
+                "--advertised-listener", self.advertised or self.bootstrap,
                 "--data-dir", str(self.data_dir),
                 "--shards", str(self.shards),
                 "--health-listen", f"127.0.0.1:{self.health_port}",
-                "--auto-create-topics", "true",
+                # extra_args may say otherwise (clap refuses a flag given twice)
+                *([] if "--auto-create-topics" in self.extra_args
+                  else ["--auto-create-topics", "true"]),
                 "--num-partitions", "1",
                 "--max-frame-bytes", str(self.max_frame_bytes),
                 *self.extra_args,

@@ -216,6 +216,51 @@ def create_topic_assigned(broker, topic: str, assignments: dict[int, list[int]])
     return error
 
 
+def _read_string(resp: bytes, pos: int) -> tuple[str | None, int]:
+    (n,) = struct.unpack_from(">h", resp, pos)
+    if n < 0:
+        return None, pos + 2
+    return resp[pos + 2:pos + 2 + n].decode(), pos + 2 + n
+
+
+def topic_admin_raw(broker, api: str, names: list[str], count: int = 1) -> list[tuple]:
+    """One CreateTopics v2, DeleteTopics v1 or CreatePartitions v1 request naming `names` as
+    given, duplicates included (clients' admin APIs dedupe or refuse those themselves); returns
+    the response's (name, error code, error message or None) rows in order. `count` is the
+    partition count (CreateTopics, CreatePartitions)."""
+    if api == "create_topics":
+        key, version = 19, 2
+        body = struct.pack(">i", len(names)) + b"".join(
+            string(n) + struct.pack(">ihii", count, 1, 0, 0) for n in names)
+        body += struct.pack(">ib", 10000, 0)
+    elif api == "delete_topics":
+        key, version = 20, 1
+        body = struct.pack(">i", len(names)) + b"".join(string(n) for n in names)
+        body += struct.pack(">i", 10000)
+    elif api == "create_partitions":
+        key, version = 37, 1
+        body = struct.pack(">i", len(names)) + b"".join(
+            string(n) + struct.pack(">ii", count, -1) for n in names)
+        body += struct.pack(">ib", 10000, 0)
+    else:
+        raise ValueError(api)
+    with connect(broker) as s:
+        s.sendall(request(key, version, 9, body))
+        resp = recv_frame(s)
+    corr, _throttle, rows = struct.unpack_from(">iii", resp, 0)
+    assert corr == 9, corr
+    pos, out = 12, []
+    for _ in range(rows):
+        name, pos = _read_string(resp, pos)
+        (error,) = struct.unpack_from(">h", resp, pos)
+        pos += 2
+        message = None
+        if api != "delete_topics":
+            message, pos = _read_string(resp, pos)
+        out.append((name, error, message or None))  # null and "" alike: no message
+    return out
+
+
 # -- record batches and Produce ------------------------------------------------------------
 
 

@@ -591,3 +591,32 @@ def test_broker_configs_given_at_start(broker_factory, tmp_path):
                             "--broker-config", bad], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and named in r.stderr and "--broker-config" in r.stderr, (bad, r.stderr)
         assert not (tmp_path / "never").exists()
+
+
+def test_a_topic_named_twice_in_one_admin_request_is_refused_as_kafka_does(broker):
+    """Found with segmentio/kafka-go's suite (TestConnCreateTopics), compared with Kafka's
+    controller: a CreateTopics, DeleteTopics or CreatePartitions request that names one topic
+    twice is answered INVALID_REQUEST ("Duplicate topic name.") for that name, once, and
+    nothing is done for it; the request's other topics are served. kaas performed the first
+    entry and answered the second on its own (CreateTopics created the topic; DeleteTopics
+    deleted it and answered UNKNOWN_TOPIC_OR_PARTITION; CreatePartitions grew it once)."""
+    INVALID_REQUEST, TOPIC_ALREADY_EXISTS = 42, 36
+    a = admin(broker.bootstrap)
+    twice, once, existing = (unique_topic(p) for p in ("twice", "once", "existing"))
+    create_topic(broker.bootstrap, existing, 1)
+    rows = kwire.topic_admin_raw(broker, "create_topics", [existing, twice, once, twice])
+    assert rows == [(existing, TOPIC_ALREADY_EXISTS, rows[0][2]),
+                    (twice, INVALID_REQUEST, "Duplicate topic name."),
+                    (once, 0, None)], rows
+    topics = a.list_topics(timeout=10).topics
+    assert once in topics and twice not in topics
+
+    rows = kwire.topic_admin_raw(broker, "create_partitions", [once, existing, once], count=3)
+    assert rows == [(once, INVALID_REQUEST, "Duplicate topic name."), (existing, 0, None)], rows
+    topics = a.list_topics(timeout=10).topics
+    assert len(topics[once].partitions) == 1 and len(topics[existing].partitions) == 3
+
+    rows = kwire.topic_admin_raw(broker, "delete_topics", [once, existing, once])
+    assert [r[:2] for r in rows] == [(once, INVALID_REQUEST), (existing, 0)], rows
+    topics = a.list_topics(timeout=10).topics
+    assert once in topics and existing not in topics

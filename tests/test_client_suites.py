@@ -1,5 +1,5 @@
 """The client projects' own test suites against the real kaas binary (issue 12, item 7):
-franz-go's `pkg/kgo` integration tests. Each suite keeps a ratchet of tests that must pass
+franz-go's `pkg/kgo` integration tests and segmentio/kafka-go's tests. Each suite keeps a ratchet of tests that must pass
 (`tests/suites/expected-*.txt`); every other test names the unsupported feature that excludes
 it. The suites' counts are printed (and appended to $KAAS_THROUGHPUT_FILE's report)."""
 
@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
 
 import franz_go  # noqa: E402
-from conftest import report  # noqa: E402
+import kafka_go  # noqa: E402
+from conftest import Broker, broker_kind, port_open, report  # noqa: E402
 
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
 
@@ -32,13 +33,7 @@ def test_franz_go_kgo_suite_single_node(broker, tmp_path):
     # would wait out its 300 s cap); KAAS_LONG_TESTS=1 runs them too, to notice new passes.
     only = everything if LONG else [t for t in everything if t not in excluded]
     run = franz_go.run_suite(broker.bootstrap, only=only, log_dir=tmp_path)
-    report(f"franz-go kgo {franz_go.VERSION} (single node): {run.summary()}")
-    slow = sorted(run.seconds.items(), key=lambda kv: -kv[1])[:5]
-    report("  slowest: " + ", ".join(f"{t} {s:.0f}s" for t, s in slow))
-    fresh = franz_go.new_passes(run, "franz-go")
-    if fresh:
-        report(f"  newly passing (add to the PASS list): {' '.join(fresh)}")
-    problems = franz_go.check_ratchet(run, "franz-go")
+    problems = franz_go.report_run(run, "franz-go", f"franz-go kgo {franz_go.VERSION} (single node)")
     assert not problems, "\n\n".join(problems)
 
 
@@ -63,3 +58,34 @@ def test_franz_go_kgo_suite_cluster(tmp_path):
         assert not problems, "\n\n".join(problems)
     finally:
         c.close()
+
+
+@pytest.mark.suite
+@pytest.mark.timeout(1800)
+def test_kafka_go_suite_single_node(tmp_path):
+    """segmentio/kafka-go's tests, each run alone with a 120 s cap, against a kaas started as
+    the suite expects its broker (node id 1 at localhost:9092, messages up to 200 MB): every
+    test on the PASS list passes. It found a deleted topic's directory left behind
+    (test_topic_delete.py) and a topic named twice in one CreateTopics
+    (test_api_semantics.py)."""
+    if broker_kind() != "kaas":
+        pytest.skip("the ratchet describes kaas, at the address the suite hard-codes")
+    host, port = kafka_go.LISTEN.split(":")
+    assert not port_open(host, int(port)), (
+        f"{kafka_go.LISTEN} is taken: kafka-go's tests dial localhost:9092, so the broker they "
+        "test must listen there; stop whatever listens on it")
+    binary = kafka_go.test_binary()
+    b = Broker(tmp_path / "broker", extra_args=[
+        "--broker-id", str(kafka_go.BROKER_ID),
+        "--broker-config", "message.max.bytes=200000000"])
+    b.port = int(port)
+    b.advertised = kafka_go.ADVERTISED
+    try:
+        b.start()
+        run = kafka_go.run_suite(only=kafka_go.list_tests(binary), log_dir=tmp_path)
+        problems = franz_go.report_run(run, "kafka-go", f"kafka-go {kafka_go.VERSION} (single node)")
+        assert not problems, "\n\n".join(problems)
+        errors = [ln for ln in b.log_path.read_text().splitlines() if " ERROR " in ln]
+        assert not errors, "the broker logged errors under the suite:\n" + "\n".join(errors[:5])
+    finally:
+        b.close()

@@ -41,9 +41,12 @@ pub struct TopicMeta {
 impl TopicMeta {
     /// The directory holding partition `partition`'s log.
     pub fn partition_dir(&self, data_dir: &Path, partition: i32) -> PathBuf {
-        data_dir
-            .join(topic_dir_name(&self.name, self.id))
-            .join(partition.to_string())
+        data_dir.join(self.dir_name()).join(partition.to_string())
+    }
+
+    /// The name of the topic's directory under the data directory ([`topic_dir_name`]).
+    pub fn dir_name(&self) -> String {
+        topic_dir_name(&self.name, self.id)
     }
 }
 
@@ -163,6 +166,9 @@ pub enum CatalogError {
     InvalidConfig(String),
     #[error("storing the catalog in {path}: {detail}")]
     Storage { path: PathBuf, detail: String },
+    /// One admin request named the topic more than once (see `handlers::admin`).
+    #[error("Duplicate topic name.")]
+    DuplicateName,
     #[error("Topic '{name}' was deleted moments ago and can be created again in {wait_ms} ms, once every broker has seen the deletion.")]
     NameRecentlyDeleted { name: String, wait_ms: u64 },
 }

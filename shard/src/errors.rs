@@ -30,6 +30,7 @@ pub fn catalog(e: &CatalogError) -> i16 {
         CatalogError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         CatalogError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
         CatalogError::InvalidReplicaAssignment(_) => E::InvalidReplicaAssignment.code(),
+        CatalogError::DuplicateName => E::InvalidRequest.code(),
         CatalogError::InvalidConfig(_) => E::InvalidConfig.code(),
         CatalogError::Storage { .. } => E::KafkaStorageError.code(),
         // Retriable: the name is free again within seconds (auto-creation's answer; CreateTopics

@@ -24,6 +24,24 @@ pub fn owner_shard(topic: &str, partition: i32, shards: usize) -> usize {
     kaas_model::partition_shard(topic, partition, shards)
 }
 
+/// Removes `topic_dir`, the directory of a topic the catalog no longer lists (its id is never
+/// reused, so nothing under it belongs to anyone). Says so on the log when it cannot: the
+/// operator then removes it by hand.
+pub(crate) fn remove_deleted_topic_dir(topic_dir: &std::path::Path) {
+    match std::fs::remove_dir_all(topic_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        // A request opening one of its partitions created files while this removal ran; every
+        // open checks the catalog when it ends and removes the directory then.
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+            tracing::debug!(dir = %topic_dir.display(), "a deleted topic's directory was written to while it was removed; the open that wrote it removes it")
+        }
+        Err(e) => {
+            tracing::warn!(dir = %topic_dir.display(), error = %e, "a deleted topic's directory could not be removed; remove it by hand")
+        }
+    }
+}
+
 /// A partition slot: the open log, or nothing yet. `opening` makes concurrent first requests
 /// for the same partition wait for one open instead of racing two.
 struct PartitionSlot {
@@ -438,6 +456,12 @@ impl Shard {
         if let Some(log) = slot.log.borrow().as_ref() {
             return Ok(log.clone());
         }
+        if self.catalog.snapshot().by_id(topic.id).is_none() {
+            // Deleted while this request waited for another's open of the same log (which
+            // then found the topic gone and kept nothing): opening again would only create
+            // the deleted topic's directory anew.
+            return Err(StorageError::Closed);
+        }
         // Room first: the log about to open needs at least one descriptor (and so does every
         // other open under way).
         self.opening_logs.set(self.opening_logs.get() + 1);
@@ -446,18 +470,26 @@ impl Shard {
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let opened = PartitionLog::open(dir, self.log_config(topic), epoch).await;
         self.opening_logs.set(self.opening_logs.get() - 1);
-        let log = opened?;
         if self.catalog.snapshot().by_id(topic.id).is_none() {
             // The topic was deleted while this open ran (or the caller's view of it predates
-            // the delete, as a background pass's snapshot does). Its close already passed this
-            // slot by, so a log kept now would hold the deleted files' descriptors and space
-            // for the broker's life (a full-disk test found 48 MiB pinned that way).
+            // the delete: a produce request that looked the topic up before it, a background
+            // pass's snapshot). Its close already passed this slot by, so a log kept now would
+            // hold the deleted files' descriptors and space for the broker's life (a full-disk
+            // test found 48 MiB pinned that way). And the delete may have removed the topic's
+            // directory before this open created it again (kafka-go's suite left seven such
+            // directories, segments included): no topic id points to it any more, so nothing
+            // else would ever remove it. A topic id is never reused, so whatever is under its
+            // directory now belongs to no one.
             self.partitions.borrow_mut().remove(&key);
-            if let Err(e) = log.close().await {
-                tracing::debug!(shard = self.id, topic = %topic.name, partition, error = %e, "closing the log of a topic deleted while it opened");
+            if let Ok(log) = &opened {
+                if let Err(e) = log.close().await {
+                    tracing::debug!(shard = self.id, topic = %topic.name, partition, error = %e, "closing the log of a topic deleted while it opened");
+                }
             }
+            remove_deleted_topic_dir(&self.config.data_dir.join(topic.dir_name()));
             return Err(StorageError::Closed);
         }
+        let log = opened?;
         *slot.log.borrow_mut() = Some(log.clone());
         self.probe
             .partitions_open
@@ -662,18 +694,27 @@ impl Shard {
     }
 
     /// Closes the open logs of topics the catalog no longer lists: another broker deleted them
-    /// (the broker that handles DeleteTopics closes its own before removing the files).
+    /// (the broker that handles DeleteTopics closes its own before removing the files). Then
+    /// removes their directories: a log this broker opened from a view older than the delete
+    /// may have created its directory again after the deleting broker removed it.
     pub async fn close_deleted_topics(&self) {
         let snapshot = self.catalog.snapshot();
-        let gone: std::collections::HashSet<Uuid> = self
+        let gone: HashMap<Uuid, Option<std::path::PathBuf>> = self
             .partitions
             .borrow()
-            .keys()
-            .map(|(id, _)| *id)
-            .filter(|id| snapshot.by_id(*id).is_none())
+            .iter()
+            .filter(|((id, _), _)| snapshot.by_id(*id).is_none())
+            .map(|((id, _), slot)| {
+                let log = slot.log.borrow();
+                let topic_dir = log.as_ref().and_then(|l| l.dir().parent().map(Into::into));
+                (*id, topic_dir)
+            })
             .collect();
-        for id in gone {
+        for (id, topic_dir) in gone {
             self.close_topic(id).await;
+            if let Some(dir) = topic_dir {
+                remove_deleted_topic_dir(&dir);
+            }
         }
     }
 

@@ -19,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 VERSION = os.environ.get("KAAS_FRANZ_GO_VERSION", "v1.22.3")
 CACHE = Path(os.environ.get("KAAS_SUITES_CACHE", Path.home() / ".cache" / "kaas" / "suites"))
@@ -32,23 +33,31 @@ def go() -> str:
     raise RuntimeError("go is not installed (scripts/install-test-deps.sh installs it)")
 
 
-def test_binary() -> Path:
-    """The kgo test binary for VERSION, built on first use."""
-    out = CACHE / f"franz-go-{VERSION}" / "kgo.test"
+def go_test_binary(module: str, version: str, package: str, name: str) -> Path:
+    """`go test -c` of `package` in `module`@`version`, built on first use under CACHE: the
+    source from the Go module proxy, copied where it is writable (the tests write files beside
+    themselves), the binary beside it."""
+    home = CACHE / f"{module.rsplit('/', 1)[-1]}-{version}"
+    out = home / name
     if out.exists():
         return out
     info = json.loads(subprocess.run(
-        [go(), "mod", "download", "-json", f"github.com/twmb/franz-go@{VERSION}"],
+        [go(), "mod", "download", "-json", f"{module}@{version}"],
         check=True, capture_output=True, text=True, cwd="/tmp").stdout)
-    src = CACHE / f"franz-go-{VERSION}" / "src"
+    src = home / "src"
     if src.exists():
         shutil.rmtree(src)
     shutil.copytree(info["Dir"], src)
     for p in src.rglob("*"):  # the module cache is read-only
         p.chmod(p.stat().st_mode | 0o200)
-    subprocess.run([go(), "test", "-c", "-o", str(out), "./pkg/kgo"], check=True, cwd=src,
+    subprocess.run([go(), "test", "-c", "-o", str(out), package], check=True, cwd=src,
                    env={**os.environ, "GOFLAGS": "-mod=mod"})
     return out
+
+
+def test_binary() -> Path:
+    """The kgo test binary for VERSION, built on first use."""
+    return go_test_binary("github.com/twmb/franz-go", VERSION, "./pkg/kgo", "kgo.test")
 
 
 def list_tests(binary: Path) -> list[str]:
@@ -68,7 +77,7 @@ def load_expected(name: str) -> tuple[set[str], dict[str, str]]:
         test, _, why = rest.strip().partition(" ")
         if kind == "PASS":
             passing.add(test)
-        elif kind == "UNSUPPORTED":
+        elif kind in ("UNSUPPORTED", "SKIPPED"):  # SKIPPED: the suite skips it itself
             excluded[test] = why.strip() or "(no reason given)"
         else:
             raise ValueError(f"expected-{name}.txt: bad line {line!r}")
@@ -89,20 +98,19 @@ class SuiteRun:
                 f" {self.count('skip')} skipped")
 
 
-def run_suite(seeds: str, only: list[str] | None = None, cap_s: int = 300,
-              log_dir: Path | None = None) -> SuiteRun:
-    binary = test_binary()
-    tests = only or list_tests(binary)
-    env = {**os.environ, "KGO_SEEDS": seeds, "KGO_TEST_RF": "1", "KGO_TEST_RECORDS": "20000",
-           "KGO_LOG_LEVEL": "none"}
+def run_go_tests(binary: Path, tests: list[str], env: dict[str, str], cwd: Path,
+                 cap_s: int, log_dir: Path | None = None,
+                 extra: Callable[[str], list[str]] = lambda t: []) -> SuiteRun:
+    """Runs each top-level test of a Go test binary alone (`extra(test)`: more flags for it),
+    so that one hang cannot hide the others' results."""
     run = SuiteRun()
     for t in tests:
         started = time.monotonic()
         try:
             p = subprocess.run([str(binary), "-test.run", f"^{re.escape(t)}$", "-test.v",
-                                "-test.timeout", f"{cap_s}s", "-test.count", "1"],
+                                "-test.timeout", f"{cap_s}s", "-test.count", "1", *extra(t)],
                                capture_output=True, text=True, env=env, timeout=cap_s + 30,
-                               cwd=binary.parent / "src" / "pkg" / "kgo")
+                               cwd=cwd)
             out = p.stdout + p.stderr
             if re.search(rf"^--- SKIP: {re.escape(t)}\b", out, re.M):
                 outcome = "skip"
@@ -124,6 +132,15 @@ def run_suite(seeds: str, only: list[str] | None = None, cap_s: int = 300,
     return run
 
 
+def run_suite(seeds: str, only: list[str] | None = None, cap_s: int = 300,
+              log_dir: Path | None = None) -> SuiteRun:
+    binary = test_binary()
+    env = {**os.environ, "KGO_SEEDS": seeds, "KGO_TEST_RF": "1", "KGO_TEST_RECORDS": "20000",
+           "KGO_LOG_LEVEL": "none"}
+    return run_go_tests(binary, only or list_tests(binary), env,
+                        binary.parent / "src" / "pkg" / "kgo", cap_s, log_dir)
+
+
 def check_ratchet(run: SuiteRun, name: str) -> list[str]:
     """Problems: an expected pass that did not pass, a test listed nowhere."""
     passing, excluded = load_expected(name)
@@ -135,6 +152,19 @@ def check_ratchet(run: SuiteRun, name: str) -> list[str]:
             problems.append(f"{t}: {outcome}, but listed neither as PASS nor UNSUPPORTED"
                             f" in expected-{name}.txt")
     return problems
+
+
+def report_run(run: SuiteRun, name: str, title: str) -> list[str]:
+    """Reports the run (its counts, slowest tests, new passes) and returns the ratchet's
+    problems (check_ratchet)."""
+    from conftest import report
+    report(f"{title}: {run.summary()}")
+    slow = sorted(run.seconds.items(), key=lambda kv: -kv[1])[:5]
+    report("  slowest: " + ", ".join(f"{t} {s:.0f}s" for t, s in slow))
+    fresh = new_passes(run, name)
+    if fresh:
+        report(f"  newly passing (add to the PASS list): {' '.join(fresh)}")
+    return check_ratchet(run, name)
 
 
 def new_passes(run: SuiteRun, name: str) -> list[str]:

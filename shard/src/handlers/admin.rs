@@ -1,11 +1,12 @@
 //! CreateTopics, DeleteTopics, CreatePartitions and DeleteRecords.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kaas_wire::kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kaas_wire::kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kaas_wire::kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
 };
@@ -22,7 +23,7 @@ use kaas_wire::kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
 use super::{per_partition, per_topic_partition};
-use crate::catalog::{topic_dir_name, CatalogError, TopicMeta};
+use crate::catalog::{CatalogError, TopicMeta};
 use crate::errors;
 use crate::shard::Shard;
 use crate::topic_config::{self, TOPIC_CONFIGS};
@@ -46,31 +47,25 @@ pub async fn create_topics(
     let timeout = Duration::from_millis(u64::try_from(req.timeout_ms).unwrap_or(0));
     let mut created = Vec::new();
     let mut results = Vec::with_capacity(req.topics.len());
+    let duplicates = repeated(req.topics.iter().map(|t| t.name.as_str().to_string()));
+    let mut answered = HashSet::new();
     for t in req.topics {
         let name = t.name.as_str().to_string();
-        let mut configs = BTreeMap::new();
-        for c in &t.configs {
-            if let Some(v) = &c.value {
-                configs.insert(c.name.as_str().to_string(), v.as_str().to_string());
-            }
+        let duplicate = duplicates.contains(&name);
+        if duplicate && !answered.insert(name.clone()) {
+            continue; // one answer per name, where it first appears
         }
-        // Explicit assignments decide the partition count; replicas beyond one are refused.
-        let (partitions, rf) = if !t.assignments.is_empty() {
-            let rf = t
-                .assignments
-                .iter()
-                .map(|a| a.broker_ids.len())
-                .max()
-                .unwrap_or(1) as i16;
-            (t.assignments.len() as i32, rf)
-        } else if t.num_partitions == -1 {
-            (shard.config.num_partitions, t.replication_factor)
-        } else {
-            (t.num_partitions, t.replication_factor)
-        };
+        let configs: BTreeMap<String, String> = t
+            .configs
+            .iter()
+            .filter_map(|c| Some((c.name.to_string(), c.value.as_ref()?.to_string())))
+            .collect();
+        let (partitions, rf) = requested_shape(shard, &t);
         let assigned = t.assignments.iter().map(|a| a.broker_ids.as_slice());
         let indexes = t.assignments.iter().map(|a| a.partition_index);
-        let outcome = if let Err(e) = known_brokers(shard, assigned) {
+        let outcome = if duplicate {
+            Err(CatalogError::DuplicateName)
+        } else if let Err(e) = known_brokers(shard, assigned) {
             Err(e)
         } else if let Err(e) = consecutive_from_zero(indexes) {
             Err(e)
@@ -118,6 +113,34 @@ pub async fn create_topics(
     )
     .await;
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// (partition count, replication factor) a CreateTopics entry asks for. Explicit assignments
+/// decide the partition count; replicas beyond one are refused later.
+fn requested_shape(shard: &Shard, t: &CreatableTopic) -> (i32, i16) {
+    if !t.assignments.is_empty() {
+        let rf = t
+            .assignments
+            .iter()
+            .map(|a| a.broker_ids.len())
+            .max()
+            .unwrap_or(1) as i16;
+        (t.assignments.len() as i32, rf)
+    } else if t.num_partitions == -1 {
+        (shard.config.num_partitions, t.replication_factor)
+    } else {
+        (t.num_partitions, t.replication_factor)
+    }
+}
+
+/// The names (or ids) a request lists more than once. Kafka refuses every entry of such a name
+/// with INVALID_REQUEST ("Duplicate topic name.") and acts on none of them, rather than
+/// performing the first and failing the second (kafka-go's suite checks it for CreateTopics):
+/// the client asked for two things at once about one topic, and which one wins is not theirs
+/// to guess.
+fn repeated<T: Eq + std::hash::Hash + Clone>(items: impl Iterator<Item = T>) -> HashSet<T> {
+    let mut seen = HashSet::new();
+    items.filter(|i| !seen.insert(i.clone())).collect()
 }
 
 /// An explicit replica assignment may name only brokers of the cluster, as Kafka requires
@@ -214,7 +237,32 @@ pub async fn delete_topics(
             .collect()
     };
     let mut responses = Vec::with_capacity(wanted.len());
+    let duplicate_names = repeated(wanted.iter().filter_map(|(n, _)| n.clone()));
+    let duplicate_ids = repeated(wanted.iter().map(|(_, id)| *id).filter(|id| !id.is_nil()));
+    let (mut answered_names, mut answered_ids) = (HashSet::new(), HashSet::new());
     for (name, id) in wanted {
+        let duplicate = match &name {
+            Some(n) if duplicate_names.contains(n) => Some((
+                answered_names.insert(n.clone()),
+                CatalogError::DuplicateName.to_string(),
+            )),
+            None if duplicate_ids.contains(&id) => {
+                Some((answered_ids.insert(id), "Duplicate topic id.".to_string()))
+            }
+            _ => None,
+        };
+        if let Some((first, message)) = duplicate {
+            if first {
+                responses.push(
+                    DeletableTopicResult::default()
+                        .with_name(name.map(|n| TopicName(s(&n))))
+                        .with_topic_id(id)
+                        .with_error_code(errors::INVALID_REQUEST)
+                        .with_error_message(Some(s(&message))),
+                );
+            }
+            continue;
+        }
         let snapshot = shard.catalog.snapshot();
         let name = match name {
             Some(n) => Some(n),
@@ -278,15 +326,7 @@ async fn delete_topic(shard: &Rc<Shard>, name: &str) -> Result<Arc<TopicMeta>, C
         (),
     )
     .await;
-    let dir = shard
-        .config
-        .data_dir
-        .join(topic_dir_name(&meta.name, meta.id));
-    if let Err(e) = std::fs::remove_dir_all(&dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(dir = %dir.display(), error = %e, "deleted topic's directory could not be removed; remove it by hand");
-        }
-    }
+    crate::shard::remove_deleted_topic_dir(&shard.config.data_dir.join(meta.dir_name()));
     tracing::info!(topic = name, id = %meta.id, "deleted topic");
     Ok(meta)
 }
@@ -296,9 +336,12 @@ pub async fn create_partitions(
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
     let mut grown = Vec::new();
+    let duplicates = repeated(req.topics.iter().map(|t| t.name.clone()));
+    let mut answered = HashSet::new();
     let results = req
         .topics
         .iter()
+        .filter(|t| !duplicates.contains(&t.name) || answered.insert(t.name.clone()))
         .map(|t| {
             let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
             let assigned = t
@@ -306,11 +349,18 @@ pub async fn create_partitions(
                 .iter()
                 .flatten()
                 .map(|a| a.broker_ids.as_slice());
-            match known_brokers(shard, assigned).and_then(|()| {
-                shard
-                    .catalog
-                    .set_partition_count(t.name.as_str(), t.count, req.validate_only)
-            }) {
+            let once = if duplicates.contains(&t.name) {
+                Err(CatalogError::DuplicateName)
+            } else {
+                Ok(())
+            };
+            match once
+                .and_then(|()| known_brokers(shard, assigned))
+                .and_then(|()| {
+                    shard
+                        .catalog
+                        .set_partition_count(t.name.as_str(), t.count, req.validate_only)
+                }) {
                 Ok(_) => {
                     if !req.validate_only {
                         grown.push((t.name.to_string(), t.count));
