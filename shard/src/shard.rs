@@ -355,6 +355,12 @@ impl Shard {
                 if kaas_storage::sync_failure::failure().is_some() {
                     // Every close fails after a failed sync, which was reported once already.
                     tracing::debug!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition after a failed sync");
+                } else if self.catalog.snapshot().by_id(topic_id).is_none() {
+                    // Its topic was deleted: the delete, or an open that found the topic gone
+                    // (see `open_log`), removed the directory under this close. Nothing is
+                    // lost. (Whether the directory exists says nothing then: another open
+                    // may be creating it again, to remove it when it ends.)
+                    tracing::debug!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition of a deleted topic");
                 } else if log.dir().exists() {
                     tracing::error!(shard = self.id, dir = %log.dir().display(), error = %e, "closing a partition failed; the next open recovers it from its log");
                 } else {
