@@ -705,17 +705,22 @@ impl Shard {
     /// may have created its directory again after the deleting broker removed it.
     pub async fn close_deleted_topics(&self) {
         let snapshot = self.catalog.snapshot();
-        let gone: HashMap<Uuid, Option<std::path::PathBuf>> = self
-            .partitions
-            .borrow()
-            .iter()
-            .filter(|((id, _), _)| snapshot.by_id(*id).is_none())
-            .map(|((id, _), slot)| {
-                let log = slot.log.borrow();
-                let topic_dir = log.as_ref().and_then(|l| l.dir().parent().map(Into::into));
-                (*id, topic_dir)
-            })
-            .collect();
+        // Per deleted topic, its directory as any of its open logs names it (a slot still
+        // opening names none, and must not hide one that does).
+        let mut gone: HashMap<Uuid, Option<std::path::PathBuf>> = HashMap::new();
+        for ((id, _), slot) in self.partitions.borrow().iter() {
+            if snapshot.by_id(*id).is_some() {
+                continue;
+            }
+            let dir = gone.entry(*id).or_default();
+            if dir.is_none() {
+                *dir = slot
+                    .log
+                    .borrow()
+                    .as_ref()
+                    .and_then(|l| l.dir().parent().map(Into::into));
+            }
+        }
         for (id, topic_dir) in gone {
             self.close_topic(id).await;
             if let Some(dir) = topic_dir {

@@ -356,13 +356,12 @@ async fn produce_partition(
     }
     let log = match shard.partition(&meta, partition).await {
         Ok(l) => l,
-        // Closed: deleted or moved while this request waited; the client is told to refresh
-        // its metadata, and nothing failed that the person on call must hear about.
-        Err(kaas_storage::StorageError::Closed) => {
-            return refuse_unstored(errors::storage(&kaas_storage::StorageError::Closed))
-        }
         Err(e) => {
-            tracing::error!(topic = %meta.name, partition, error = %e, "cannot open partition for produce");
+            // Closed: deleted or moved while this request waited; the client is told to
+            // refresh its metadata, and nothing failed that the person on call must hear about.
+            if !matches!(e, kaas_storage::StorageError::Closed) {
+                tracing::error!(topic = %meta.name, partition, error = %e, "cannot open partition for produce");
+            }
             return refuse_unstored(errors::storage(&e));
         }
     };
