@@ -9,7 +9,7 @@
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
 #   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver, the kgo (franz-go) and
-#           kafka-go test binaries
+#           kafka-go test binaries, sarama's functional test binary and toxiproxy
 #   C:      librdkafka's test-runner (its tests/ suite), built from the rdkafka-sys crate's source
 #
 # Environment: KAAS_SKIP_APT=1 skips apt-get (e.g. when not root).
@@ -112,6 +112,8 @@ bash "$here/install-deploy-deps.sh"
 python3 "$repo/tests/suites/franz_go.py"
 # segmentio/kafka-go's test binary, the same way (tests/suites/kafka_go.py).
 python3 "$repo/tests/suites/kafka_go.py"
+# IBM/sarama's functional test binary and Shopify's toxiproxy server (tests/suites/sarama.py).
+python3 "$repo/tests/suites/sarama.py"
 # kafka-python's own integration suite (tests/test_suite_kafka_python.py): its PyPI sdist,
 # extracted into ~/.cache/kaas/suites with its codec libraries beside it.
 python3 "$repo/tests/suites/kafka_python.py"

@@ -41,6 +41,8 @@ class Node:
         self.id = broker_id
         self.port, self.health_port, self.heartbeat_port = (cluster.port() for _ in range(3))
         self.log_path = cluster.root / f"broker-{broker_id}.log"
+        # The address in Metadata, when not the one it listens on (a proxy in front of it).
+        self.advertised: str | None = None
         self.proc: subprocess.Popen | None = None
         self.paused = False
         self.starts = 0
@@ -52,11 +54,17 @@ class Node:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def index(self) -> int:
+        """Its place in the cluster's list (its id, unless the ids start above 0)."""
+        return self.id - self.cluster.first_id
+
     def command(self) -> list[str]:
         return [
             str(kaas_bin()), "--lease", "file", "--broker-id", str(self.id),
             "--data-dir", str(self.cluster.data_dir),
             "--listen", self.bootstrap,
+            *(["--advertised-listener", self.advertised] if self.advertised else []),
             "--health-listen", f"127.0.0.1:{self.health_port}",
             "--heartbeat-listen", f"127.0.0.1:{self.heartbeat_port}",
             "--shards", "1", *LEASE_ARGS,
@@ -65,7 +73,8 @@ class Node:
               if self.cluster.auto_create else ["--auto-create-topics", "false"]),
             # KAAS_TEST_BROKER_LOG: a debug filter for a run that needs one.
             "--log", os.environ.get("KAAS_TEST_BROKER_LOG", "info"), *self.cluster.extra_args,
-            *(["--rack", self.cluster.racks[self.id]] if self.id < len(self.cluster.racks) else []),
+            *(["--rack", self.cluster.racks[self.index]] if self.index < len(self.cluster.racks)
+              else []),
         ]
 
     def start(self) -> None:
@@ -159,9 +168,11 @@ class Cluster:
     """N brokers sharing one data dir, with helpers to read the shared state."""
 
     def __init__(self, root: Path, n: int, extra_args=(), auto_create: int = 0,
-                 env: dict[str, str] | None = None, racks: list[str] | None = None):
+                 env: dict[str, str] | None = None, racks: list[str] | None = None,
+                 first_id: int = 0):
         """`auto_create`: create unknown topics with this many partitions (0: don't);
-        `racks`: broker i's `--rack`."""
+        `racks`: the i-th broker's `--rack`; `first_id`: the first broker's id (the others
+        follow it)."""
         self.auto_create = auto_create
         self.racks = list(racks or [])
         self.env = dict(env or {})
@@ -171,7 +182,8 @@ class Cluster:
         self.data_dir.mkdir(exist_ok=True)
         self.extra_args = list(extra_args)
         self._ports: set[int] = set()
-        self.nodes = [Node(self, i) for i in range(n)]
+        self.first_id = first_id
+        self.nodes = [Node(self, first_id + i) for i in range(n)]
 
     def port(self) -> int:
         while True:
@@ -227,7 +239,7 @@ class Cluster:
         ctl = [i for i, h in hs.items() if h["is_controller"]]
         if len(ctl) != 1 or any(h["controller_id"] != ctl[0] for h in hs.values()):
             return None
-        return self.nodes[ctl[0]]
+        return self.nodes[ctl[0] - self.first_id]
 
     def wait_controller(self, timeout: float = START_TIMEOUT_S, newer_than: int = -1) -> Node:
         def check():

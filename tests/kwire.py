@@ -261,6 +261,38 @@ def topic_admin_raw(broker, api: str, names: list[str], count: int = 1) -> list[
     return out
 
 
+def describe_configs_raw(broker, broker_id: str, names: list[str]) -> dict[str, str | None]:
+    """DescribeConfigs v3 of broker `broker_id`'s configs `names`, documentation included
+    (the admin clients do not ask for it); returns {name: documentation or None}."""
+    body = struct.pack(">ib", 1, 4) + string(broker_id) + struct.pack(">i", len(names))
+    body += b"".join(string(n) for n in names) + struct.pack(">bb", 0, 1)
+    with connect(broker) as s:
+        s.sendall(request(32, 3, 11, body))
+        resp = recv_frame(s)
+    corr, _throttle, results = struct.unpack_from(">iii", resp, 0)
+    assert corr == 11 and results == 1, (corr, results)
+    (error,) = struct.unpack_from(">h", resp, 12)
+    message, pos = _read_string(resp, 14)
+    assert error == 0, (error, message)
+    _rname, pos = _read_string(resp, pos + 1)  # after the resource type
+    (count,) = struct.unpack_from(">i", resp, pos)
+    pos += 4
+    out = {}
+    for _ in range(count):
+        name, pos = _read_string(resp, pos)
+        _value, pos = _read_string(resp, pos)
+        pos += 3  # read_only, config_source, is_sensitive
+        (synonyms,) = struct.unpack_from(">i", resp, pos)
+        pos += 4
+        for _ in range(max(synonyms, 0)):
+            _n, pos = _read_string(resp, pos)
+            _v, pos = _read_string(resp, pos)
+            pos += 1
+        pos += 1  # config_type
+        out[name], pos = _read_string(resp, pos)
+    return out
+
+
 # -- record batches and Produce ------------------------------------------------------------
 
 

@@ -117,6 +117,8 @@ EXPECTED = {
     # Only group.version: kaas reports none of Kafka's other features (metadata.version,
     # transaction.version, share.version, ...), as it serves none of them.
     ("kafka-features", "describe"): PASS,
+    # UpdateFeatures keeps a level (the only change kaas can make: group.version is fixed at 1).
+    ("kafka-features", "upgrade --feature group.version=1"): PASS,
     ("kafka-get-offsets", "--topic <t>"): PASS,
     ("kafka-groups", "--list"): PASS,
     ("kafka-leader-election", "--election-type preferred --all-topic-partitions"): PASS,
@@ -567,6 +569,9 @@ def chains(broker, tmp: Path) -> list[list[Step]]:
              has(r"TOKENID", "token table"), "the tokens"),
         Step("kafka-features", "describe", T + "FeatureCommand", [*bs, "describe"],
              features, "a 'Feature:' line"),
+        Step("kafka-features", "upgrade --feature group.version=1", T + "FeatureCommand",
+             [*bs, "upgrade", "--feature", "group.version=1"],
+             has(r"^group\.version was upgraded to 1\.", "the upgrade"), "the upgrade"),
         Step("kafka-leader-election", "--election-type preferred --all-topic-partitions",
              T + "LeaderElectionCommand",
              [*bs, "--election-type", "preferred", "--all-topic-partitions"],

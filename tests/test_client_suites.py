@@ -1,5 +1,6 @@
 """The client projects' own test suites against the real kaas binary (issue 12, item 7):
-franz-go's `pkg/kgo` integration tests and segmentio/kafka-go's tests. Each suite keeps a ratchet of tests that must pass
+franz-go's `pkg/kgo` integration tests, segmentio/kafka-go's tests and IBM/sarama's functional
+tests. Each suite keeps a ratchet of tests that must pass
 (`tests/suites/expected-*.txt`); every other test names the unsupported feature that excludes
 it. The suites' counts are printed (and appended to $KAAS_THROUGHPUT_FILE's report)."""
 
@@ -15,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
 
 import franz_go  # noqa: E402
 import kafka_go  # noqa: E402
-from conftest import Broker, broker_kind, port_open, report  # noqa: E402
+import sarama  # noqa: E402
+from conftest import Broker, broker_kind, free_port, port_open, report  # noqa: E402
 
 LONG = os.environ.get("KAAS_LONG_TESTS", "") not in ("", "0")
 
@@ -89,3 +91,41 @@ def test_kafka_go_suite_single_node(tmp_path):
         assert not errors, "the broker logged errors under the suite:\n" + "\n".join(errors[:5])
     finally:
         b.close()
+
+
+@pytest.mark.suite
+@pytest.mark.timeout(1800)
+def test_sarama_functional_suite_on_five_brokers(tmp_path):
+    """IBM/sarama's functional tests against five kaas brokers in cluster mode (ids 1 to 5, one
+    shared volume), each behind the toxiproxy proxy the suite dials and cuts: every test on the
+    PASS list passes, and no broker logs an ERROR. It found that a broker's DescribeConfigs
+    listed only the configs someone had set, and that UpdateFeatures was not served."""
+    if broker_kind() != "kaas":
+        pytest.skip("the ratchet describes kaas, in cluster mode behind the suite's proxies")
+    taken = [p for p in sarama.PROXY_PORTS if port_open("127.0.0.1", p)]
+    assert not taken, (
+        f"ports {taken} are taken: sarama's tests dial its proxies at 127.0.0.1:29091-29095; "
+        "stop whatever listens there")
+    sarama.test_binary()
+    from kcluster import Cluster
+    c = Cluster(tmp_path / "cluster", sarama.BROKERS, first_id=1)
+    for n, port in zip(c.nodes, sarama.PROXY_PORTS):
+        n.advertised = f"127.0.0.1:{port}"
+    api_port = free_port()
+    proxy = None
+    try:
+        c.start()
+        proxy = sarama.start_toxiproxy(api_port, [n.bootstrap for n in c.nodes],
+                                       tmp_path / "toxiproxy.json", tmp_path / "toxiproxy.log")
+        run = sarama.run_suite(f"http://127.0.0.1:{api_port}", log_dir=tmp_path)
+        problems = franz_go.report_run(run, sarama.NAME,
+                                       f"sarama {sarama.VERSION} (5 brokers behind toxiproxy)")
+        assert not problems, "\n\n".join(problems)
+        errors = [f"broker {n.id}: {ln}" for n in c.nodes
+                  for ln in n.log_path.read_text().splitlines() if " ERROR " in ln]
+        assert not errors, "the brokers logged errors under the suite:\n" + "\n".join(errors[:5])
+    finally:
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait(10)
+        c.close()

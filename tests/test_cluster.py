@@ -686,6 +686,40 @@ def test_controller_sigkill_under_load_loses_nothing(make_cluster):
         load.abort()
 
 
+LOST = "heartbeat stream to the controller lost"
+
+
+@logs_on_failure
+def test_a_controller_failover_is_logged_once_per_broker(make_cluster):
+    """A follower says once that its heartbeat stream to the controller is lost, and once that
+    it is back, however often it re-dials the dead controller while the Lease runs out (each
+    failed dial was a WARN saying "lost": 5 to 7 per follower with 3 s Leases). Brokers started
+    together say nothing alarming while the controller's heartbeat port comes up."""
+    c = make_cluster(3)
+    ctl = c.wait_controller()
+    old_epoch = ctl.healthz()["lease_epoch"]
+    followers = [n for n in c.nodes if n is not ctl]
+    for n in c.nodes:
+        warns = [ln for ln in n.log_path.read_text().splitlines() if " WARN " in ln or " ERROR " in ln]
+        assert warns == [], f"broker {n.id} at start: {warns}"
+    offsets = {n.id: n.log_path.stat().st_size for n in followers}
+
+    def since_kill(n) -> str:
+        return n.log_path.read_bytes()[offsets[n.id]:].decode(errors="replace")
+    ctl.kill()
+    c.wait_controller(timeout=30, newer_than=old_epoch)
+    c.wait(lambda: all(re.search(LOST + r"(.|\n)*heartbeat stream to the controller open",
+                                 since_kill(n)) for n in followers),
+           30, "every follower reporting the stream lost, then open")
+    time.sleep(2)  # any late re-dial would have logged by now
+    for n in followers:
+        since = since_kill(n).splitlines()
+        lost = [ln for ln in since if LOST in ln]
+        assert len(lost) == 1, f"broker {n.id} said 'lost' {len(lost)} times: {lost}"
+        assert "open again" in since[-1] or any("open again" in ln for ln in since), f"broker {n.id}"
+        assert [ln for ln in since if " ERROR " in ln] == [], f"broker {n.id}"
+
+
 @logs_on_failure
 def test_sigterm_drains_partitions_before_exit(make_cluster):
     """SIGTERM on a non-controller broker: its partitions move to the survivors (6/6) while it

@@ -94,6 +94,7 @@ pub const INVALID_RECORD: i16 = E::InvalidRecord.code();
 pub const INVALID_TIMESTAMP: i16 = E::InvalidTimestamp.code();
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
 pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();
+pub const INVALID_UPDATE_VERSION: i16 = E::InvalidUpdateVersion.code();
 pub const INVALID_GROUP_ID: i16 = E::InvalidGroupId.code();
 pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
 pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();

@@ -267,6 +267,7 @@ pub fn api_name(key: i16) -> Option<&'static str> {
         ApiKey::ListPartitionReassignments => "ListPartitionReassignments",
         ApiKey::AlterPartitionReassignments => "AlterPartitionReassignments",
         ApiKey::ElectLeaders => "ElectLeaders",
+        ApiKey::UpdateFeatures => "UpdateFeatures",
         _ => "Other",
     })
 }

@@ -462,68 +462,168 @@ pub fn broker_key_for_topic(name: &str) -> Option<&'static str> {
 /// for the tools and tests that set them (librdkafka's 0081 sets
 /// `sasl.kerberos.min.time.before.relogin`), DescribeConfigs reports them, and they change
 /// nothing. Refusing them made `kafka-configs --alter` scripts written for Kafka fail.
-pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType)] = &[
-    ("advertised.listeners", ConfigType::String),
-    ("background.threads", ConfigType::Int),
-    ("follower.replication.throttled.rate", ConfigType::Long),
-    ("leader.replication.throttled.rate", ConfigType::Long),
-    ("listener.security.protocol.map", ConfigType::String),
-    ("listeners", ConfigType::String),
-    ("log.cleaner.backoff.ms", ConfigType::Long),
-    ("log.cleaner.dedupe.buffer.size", ConfigType::Long),
-    ("log.cleaner.io.buffer.load.factor", ConfigType::Double),
-    ("log.cleaner.io.buffer.size", ConfigType::Int),
-    ("log.cleaner.io.max.bytes.per.second", ConfigType::Double),
-    ("log.cleaner.threads", ConfigType::Int),
-    ("max.connection.creation.rate", ConfigType::Int),
-    ("max.connections.per.ip.overrides", ConfigType::String),
-    ("metric.reporters", ConfigType::List),
-    ("num.io.threads", ConfigType::Int),
-    ("num.network.threads", ConfigType::Int),
-    ("num.recovery.threads.per.data.dir", ConfigType::Int),
-    ("num.replica.fetchers", ConfigType::Int),
-    ("producer.id.expiration.ms", ConfigType::Int),
+/// (name, type, Kafka 4.4's default: what DescribeConfigs reports while none is set).
+pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType, Option<&str>)] = &[
+    ("advertised.listeners", ConfigType::String, None),
+    ("background.threads", ConfigType::Int, Some("10")),
+    (
+        "follower.replication.throttled.rate",
+        ConfigType::Long,
+        Some("9223372036854775807"),
+    ),
+    (
+        "leader.replication.throttled.rate",
+        ConfigType::Long,
+        Some("9223372036854775807"),
+    ),
+    (
+        "listener.security.protocol.map",
+        ConfigType::String,
+        Some("PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"),
+    ),
+    ("listeners", ConfigType::String, Some("PLAINTEXT://:9092")),
+    ("log.cleaner.backoff.ms", ConfigType::Long, Some("15000")),
+    (
+        "log.cleaner.dedupe.buffer.size",
+        ConfigType::Long,
+        Some("134217728"),
+    ),
+    (
+        "log.cleaner.io.buffer.load.factor",
+        ConfigType::Double,
+        Some("0.9"),
+    ),
+    (
+        "log.cleaner.io.buffer.size",
+        ConfigType::Int,
+        Some("524288"),
+    ),
+    (
+        "log.cleaner.io.max.bytes.per.second",
+        ConfigType::Double,
+        Some("1.7976931348623157E308"),
+    ),
+    ("log.cleaner.threads", ConfigType::Int, Some("1")),
+    (
+        "max.connection.creation.rate",
+        ConfigType::Int,
+        Some("2147483647"),
+    ),
+    (
+        "max.connections.per.ip.overrides",
+        ConfigType::String,
+        Some(""),
+    ),
+    (
+        "metric.reporters",
+        ConfigType::List,
+        Some("org.apache.kafka.common.metrics.JmxReporter"),
+    ),
+    ("num.io.threads", ConfigType::Int, Some("8")),
+    ("num.network.threads", ConfigType::Int, Some("3")),
+    (
+        "num.recovery.threads.per.data.dir",
+        ConfigType::Int,
+        Some("2"),
+    ),
+    ("num.replica.fetchers", ConfigType::Int, Some("1")),
+    (
+        "producer.id.expiration.ms",
+        ConfigType::Int,
+        Some("86400000"),
+    ),
     (
         "replica.alter.log.dirs.io.max.bytes.per.second",
         ConfigType::Long,
+        Some("9223372036854775807"),
     ),
-    ("sasl.enabled.mechanisms", ConfigType::List),
-    ("sasl.jaas.config", ConfigType::Password),
-    ("sasl.kerberos.kinit.cmd", ConfigType::String),
-    ("sasl.kerberos.min.time.before.relogin", ConfigType::Long),
-    ("sasl.kerberos.principal.to.local.rules", ConfigType::List),
-    ("sasl.kerberos.service.name", ConfigType::String),
-    ("sasl.kerberos.ticket.renew.jitter", ConfigType::Double),
+    ("sasl.enabled.mechanisms", ConfigType::List, Some("GSSAPI")),
+    ("sasl.jaas.config", ConfigType::Password, None),
+    (
+        "sasl.kerberos.kinit.cmd",
+        ConfigType::String,
+        Some("/usr/bin/kinit"),
+    ),
+    (
+        "sasl.kerberos.min.time.before.relogin",
+        ConfigType::Long,
+        Some("60000"),
+    ),
+    (
+        "sasl.kerberos.principal.to.local.rules",
+        ConfigType::List,
+        Some("DEFAULT"),
+    ),
+    ("sasl.kerberos.service.name", ConfigType::String, None),
+    (
+        "sasl.kerberos.ticket.renew.jitter",
+        ConfigType::Double,
+        Some("0.05"),
+    ),
     (
         "sasl.kerberos.ticket.renew.window.factor",
         ConfigType::Double,
+        Some("0.8"),
     ),
-    ("sasl.login.refresh.buffer.seconds", ConfigType::Int),
-    ("sasl.login.refresh.min.period.seconds", ConfigType::Int),
-    ("sasl.login.refresh.window.factor", ConfigType::Double),
-    ("sasl.login.refresh.window.jitter", ConfigType::Double),
-    ("ssl.cipher.suites", ConfigType::List),
-    ("ssl.client.auth", ConfigType::String),
-    ("ssl.enabled.protocols", ConfigType::List),
-    ("ssl.endpoint.identification.algorithm", ConfigType::String),
-    ("ssl.key.password", ConfigType::Password),
-    ("ssl.keymanager.algorithm", ConfigType::String),
-    ("ssl.keystore.certificate.chain", ConfigType::String),
-    ("ssl.keystore.key", ConfigType::Password),
-    ("ssl.keystore.location", ConfigType::String),
-    ("ssl.keystore.password", ConfigType::Password),
-    ("ssl.keystore.type", ConfigType::String),
-    ("ssl.protocol", ConfigType::String),
-    ("ssl.provider", ConfigType::String),
-    ("ssl.secure.random.implementation", ConfigType::String),
-    ("ssl.trustmanager.algorithm", ConfigType::String),
-    ("ssl.truststore.certificates", ConfigType::String),
-    ("ssl.truststore.location", ConfigType::String),
-    ("ssl.truststore.password", ConfigType::Password),
-    ("ssl.truststore.type", ConfigType::String),
+    (
+        "sasl.login.refresh.buffer.seconds",
+        ConfigType::Int,
+        Some("300"),
+    ),
+    (
+        "sasl.login.refresh.min.period.seconds",
+        ConfigType::Int,
+        Some("60"),
+    ),
+    (
+        "sasl.login.refresh.window.factor",
+        ConfigType::Double,
+        Some("0.8"),
+    ),
+    (
+        "sasl.login.refresh.window.jitter",
+        ConfigType::Double,
+        Some("0.05"),
+    ),
+    ("ssl.cipher.suites", ConfigType::List, None),
+    ("ssl.client.auth", ConfigType::String, Some("none")),
+    (
+        "ssl.enabled.protocols",
+        ConfigType::List,
+        Some("TLSv1.2,TLSv1.3"),
+    ),
+    (
+        "ssl.endpoint.identification.algorithm",
+        ConfigType::String,
+        Some("https"),
+    ),
+    ("ssl.key.password", ConfigType::Password, None),
+    (
+        "ssl.keymanager.algorithm",
+        ConfigType::String,
+        Some("SunX509"),
+    ),
+    ("ssl.keystore.certificate.chain", ConfigType::String, None),
+    ("ssl.keystore.key", ConfigType::Password, None),
+    ("ssl.keystore.location", ConfigType::String, None),
+    ("ssl.keystore.password", ConfigType::Password, None),
+    ("ssl.keystore.type", ConfigType::String, Some("JKS")),
+    ("ssl.protocol", ConfigType::String, Some("TLSv1.3")),
+    ("ssl.provider", ConfigType::String, None),
+    ("ssl.secure.random.implementation", ConfigType::String, None),
+    (
+        "ssl.trustmanager.algorithm",
+        ConfigType::String,
+        Some("PKIX"),
+    ),
+    ("ssl.truststore.certificates", ConfigType::String, None),
+    ("ssl.truststore.location", ConfigType::String, None),
+    ("ssl.truststore.password", ConfigType::Password, None),
+    ("ssl.truststore.type", ConfigType::String, Some("JKS")),
     (
         "transaction.partition.verification.enable",
         ConfigType::Boolean,
+        Some("true"),
     ),
 ];
 
@@ -541,8 +641,8 @@ pub fn connection_limits(broker: &BTreeMap<String, String>) -> (Option<usize>, O
 pub fn accepted_without_effect(name: &str) -> Option<ConfigType> {
     BROKER_ACCEPTED_WITHOUT_EFFECT
         .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, k)| *k)
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, k, _)| *k)
 }
 
 /// Validates a dynamic broker config: one that sets a topic default by that topic config's

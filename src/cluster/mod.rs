@@ -47,6 +47,7 @@ use tokio::time::Instant;
 
 mod controller;
 mod drain;
+mod stream_report;
 
 use controller::controller_loop;
 
@@ -254,6 +255,7 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         let fence = config.timing.broker_fence;
         let lease_epoch = lease_epoch.clone();
         tokio::spawn(async move {
+            let mut report = stream_report::StreamReport::new(Instant::now(), fence);
             while let Some(event) = events.recv().await {
                 match event {
                     ControllerEvent::Ping {
@@ -271,11 +273,31 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                         lease_epoch.observe(controller_epoch);
                         notifier.notify();
                     }
-                    ControllerEvent::Connected { addr } => {
-                        tracing::info!(controller = %addr, "heartbeat stream to the controller open");
-                    }
+                    ControllerEvent::Connected { addr } => match report.connected(Instant::now()) {
+                        stream_report::Report::Open { down_for: Some(d) } => tracing::info!(
+                            controller = %addr,
+                            down_ms = d.as_millis() as u64,
+                            "heartbeat stream to the controller open again"
+                        ),
+                        _ => {
+                            tracing::info!(controller = %addr, "heartbeat stream to the controller open")
+                        }
+                    },
                     ControllerEvent::Disconnected { addr, reason } => {
-                        tracing::warn!(controller = %addr, %reason, "heartbeat stream to the controller lost; writes stop being acknowledged if it is not back within the write fence");
+                        match report.disconnected(Instant::now()) {
+                            stream_report::Report::Lost => {
+                                tracing::warn!(controller = %addr, %reason, "heartbeat stream to the controller lost; writes stop being acknowledged if it is not back within the write fence (re-dialling; the next message is when it is back)")
+                            }
+                            stream_report::Report::Unreachable { down_for } => tracing::warn!(
+                                controller = %addr,
+                                %reason,
+                                down_ms = down_for.as_millis() as u64,
+                                "cannot open the heartbeat stream to the controller: this broker acknowledges no writes until it opens; check that the controller's heartbeat address is reachable from here (re-dialling; the next message is when it opens)"
+                            ),
+                            _ => {
+                                tracing::debug!(controller = %addr, %reason, "heartbeat stream to the controller still down")
+                            }
+                        }
                     }
                 }
             }

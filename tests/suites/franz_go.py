@@ -33,10 +33,13 @@ def go() -> str:
     raise RuntimeError("go is not installed (scripts/install-test-deps.sh installs it)")
 
 
-def go_test_binary(module: str, version: str, package: str, name: str) -> Path:
+def go_test_binary(module: str, version: str, package: str, name: str,
+                   build_args: list[str] | None = None,
+                   patch: Callable[[Path], None] | None = None) -> Path:
     """`go test -c` of `package` in `module`@`version`, built on first use under CACHE: the
     source from the Go module proxy, copied where it is writable (the tests write files beside
-    themselves), the binary beside it."""
+    themselves), the binary beside it. `build_args` go to `go test -c` (build tags); `patch`
+    changes the copied source before the build (name the binary after it)."""
     home = CACHE / f"{module.rsplit('/', 1)[-1]}-{version}"
     out = home / name
     if out.exists():
@@ -50,7 +53,10 @@ def go_test_binary(module: str, version: str, package: str, name: str) -> Path:
     shutil.copytree(info["Dir"], src)
     for p in src.rglob("*"):  # the module cache is read-only
         p.chmod(p.stat().st_mode | 0o200)
-    subprocess.run([go(), "test", "-c", "-o", str(out), package], check=True, cwd=src,
+    if patch is not None:
+        patch(src)
+    subprocess.run([go(), "test", "-c", *(build_args or []), "-o", str(out), package],
+                   check=True, cwd=src,
                    env={**os.environ, "GOFLAGS": "-mod=mod"})
     return out
 

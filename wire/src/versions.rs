@@ -43,6 +43,9 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListPartitionReassignments, 0, 0),
     // kafka-leader-election: a partition's one replica always leads it (handlers/elect.rs).
     (ApiKey::ElectLeaders, 0, 2),
+    // kafka-features upgrade/downgrade/disable: the levels of FEATURES never change; keeping
+    // one is accepted, moving one is refused (shard/src/handlers/features.rs).
+    (ApiKey::UpdateFeatures, 0, 2),
     // The group coordinator (groups/, shard/src/groups). OffsetCommit and OffsetFetch start where
     // Kafka 4 does (v0/v1 were removed); FindCoordinator v4+ is the batched form.
     (ApiKey::FindCoordinator, 0, 6),
@@ -251,6 +254,7 @@ mod tests {
                     within::<AlterPartitionReassignmentsRequest>(*lo, *hi)
                 }
                 ApiKey::ElectLeaders => within::<ElectLeadersRequest>(*lo, *hi),
+                ApiKey::UpdateFeatures => within::<UpdateFeaturesRequest>(*lo, *hi),
                 ApiKey::FindCoordinator => within::<FindCoordinatorRequest>(*lo, *hi),
                 ApiKey::JoinGroup => within::<JoinGroupRequest>(*lo, *hi),
                 ApiKey::SyncGroup => within::<SyncGroupRequest>(*lo, *hi),

@@ -191,20 +191,93 @@ fn describe_broker(
     if id.is_empty() {
         return Ok(configs);
     }
+    let doc = |name: &str| {
+        req.include_documentation
+            .then(|| broker_doc(name))
+            .flatten()
+    };
     // `--broker-config` at start, where no dynamic config replaces it.
-    configs.extend(
-        static_
-            .iter()
-            .filter(|(n, _)| wanted(n) && !listed.contains(n.as_str()))
-            .map(|(n, v)| broker_entry(n, v, SOURCE_STATIC_BROKER, true, None)),
-    );
-    configs.extend(
-        broker_configs(shard)
-            .into_iter()
-            .filter(|(n, _, _)| wanted(n) && !listed.contains(*n) && !static_.contains_key(*n))
-            .map(|(n, v, k)| entry(n, &v, SOURCE_STATIC_BROKER, k, true, None)),
-    );
+    for (n, v) in static_.iter() {
+        if wanted(n) && listed.insert(n.clone()) {
+            configs.push(broker_entry(
+                n,
+                v,
+                SOURCE_STATIC_BROKER,
+                true,
+                doc(n).as_deref(),
+            ));
+        }
+    }
+    for (n, v, k) in broker_configs(shard) {
+        if wanted(n) && listed.insert(n.to_string()) {
+            configs.push(entry(n, &v, SOURCE_STATIC_BROKER, k, true, None));
+        }
+    }
+    // Everything else kaas knows at its default, as Kafka lists every broker config (most of
+    // them DEFAULT_CONFIG): `kafka-configs --describe --all`, and tools that read one config
+    // by name before they change it (sarama's suite reads `log.cleaner.backoff.ms`).
+    for (n, v) in broker_defaults(shard) {
+        if wanted(n) && listed.insert(n.to_string()) {
+            let e = broker_entry(n, v.as_deref().unwrap_or(""), SOURCE_DEFAULT, false, None);
+            configs.push(
+                e.with_value(if broker_kind(n) == ConfigType::Password {
+                    None
+                } else {
+                    v.map(|v| s(&v))
+                })
+                .with_documentation(doc(n).map(|d| s(&d))),
+            );
+        }
+    }
     Ok(configs)
+}
+
+/// The dynamic broker configs at their defaults (name, value; `None` is Kafka's null): the topic
+/// defaults at the topic configs' defaults, the connection limits at their flags, and the
+/// configs accepted without effect at Kafka's defaults.
+fn broker_defaults(shard: &Shard) -> Vec<(&'static str, Option<String>)> {
+    let limits = &shard.config.limits;
+    let topic_defaults = topic_config::BROKER_DEFAULTS.iter().map(|(b, t)| {
+        let d = topic_config::lookup(t).map(|d| d.default.to_string());
+        (*b, d)
+    });
+    let connection_limits = [
+        (
+            topic_config::CONNECTION_LIMITS[0],
+            Some(limits.connections.to_string()),
+        ),
+        (
+            topic_config::CONNECTION_LIMITS[1],
+            Some(limits.connections_per_ip.to_string()),
+        ),
+    ];
+    let without_effect = topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT
+        .iter()
+        .map(|(n, _, d)| (*n, d.map(str::to_string)));
+    topic_defaults
+        .chain(connection_limits)
+        .chain(without_effect)
+        .collect()
+}
+
+/// What a dynamic broker config does in kaas, for DescribeConfigs' documentation.
+fn broker_doc(name: &str) -> Option<String> {
+    if let Some(topic) = topic_config::topic_key_for_broker(name) {
+        let what = topic_config::lookup(topic).map_or("", |d| d.doc);
+        return Some(format!(
+            "The default of topic config {topic} for topics that do not set it: {what}"
+        ));
+    }
+    if topic_config::CONNECTION_LIMITS.contains(&name) {
+        return Some(
+            "Set at run time; replaces the flag of the same name for new connections.".into(),
+        );
+    }
+    topic_config::accepted_without_effect(name).map(|_| {
+        "A Kafka dynamic broker config that kaas accepts and stores for compatibility; it has \
+         no effect in kaas."
+            .into()
+    })
 }
 
 /// Every group config, for a group that exists or not (as Kafka: the configs of a group id
@@ -264,12 +337,13 @@ fn dynamic_entries(
     include_documentation: bool,
 ) -> Vec<DescribeConfigsResourceResult> {
     let source = source as i8;
+    let doc = |name: &str| include_documentation.then(|| broker_doc(name)).flatten();
     let mut out: Vec<_> = topic_config::BROKER_DEFAULTS
         .iter()
         .filter_map(|(n, _)| {
             layer
                 .get(*n)
-                .map(|v| broker_entry(n, v, source, false, None))
+                .map(|v| broker_entry(n, v, source, false, doc(n).as_deref()))
         })
         .collect();
     out.extend(layer.iter().filter_map(|(n, v)| {
@@ -277,18 +351,7 @@ fn dynamic_entries(
         if !limit && topic_config::accepted_without_effect(n).is_none() {
             return None;
         }
-        Some(broker_entry(
-            n,
-            v,
-            source,
-            false,
-            include_documentation.then_some(if limit {
-                "Set at run time; replaces the flag of the same name for new connections."
-            } else {
-                "A Kafka dynamic broker config that kaas accepts and stores for \
-                 compatibility; it has no effect in kaas."
-            }),
-        ))
+        Some(broker_entry(n, v, source, false, doc(n).as_deref()))
     }));
     out
 }
@@ -376,30 +439,6 @@ fn broker_configs(shard: &Shard) -> Vec<(&'static str, String, ConfigType)> {
             ConfigType::Int,
         ),
         ("default.replication.factor", "1".into(), ConfigType::Int),
-        (
-            "log.segment.bytes",
-            topic_config::lookup("segment.bytes")
-                .map(|d| d.default)
-                .unwrap_or_default()
-                .into(),
-            ConfigType::Int,
-        ),
-        (
-            "log.retention.ms",
-            topic_config::lookup("retention.ms")
-                .map(|d| d.default)
-                .unwrap_or_default()
-                .into(),
-            ConfigType::Long,
-        ),
-        (
-            "message.max.bytes",
-            topic_config::lookup("max.message.bytes")
-                .map(|d| d.default)
-                .unwrap_or_default()
-                .into(),
-            ConfigType::Int,
-        ),
     ]
 }
 

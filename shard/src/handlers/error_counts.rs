@@ -46,6 +46,9 @@ pub fn each(response: &ResponseKind, mut f: impl FnMut(i16)) {
         })),
         R::DescribeClientQuotas(r) => f(r.error_code),
         R::ListTransactions(r) => f(r.error_code),
+        R::UpdateFeatures(r) => {
+            all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))
+        }
         R::DescribeUserScramCredentials(r) => {
             all(&mut std::iter::once(r.error_code).chain(r.results.iter().map(|x| x.error_code)))
         }

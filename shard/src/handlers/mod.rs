@@ -7,6 +7,7 @@ mod configs;
 mod describe;
 mod elect;
 mod error_counts;
+mod features;
 mod fetch;
 mod groups;
 mod log_dirs;
@@ -188,6 +189,9 @@ pub async fn handle(
             ResponseKind::ListTransactions(describe::list_transactions(r))
         }
         RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(elect::elect_leaders(shard, r)),
+        RequestKind::UpdateFeatures(r) => {
+            ResponseKind::UpdateFeatures(features::update_features(&r, version))
+        }
         RequestKind::ListPartitionReassignments(r) => ResponseKind::ListPartitionReassignments(
             reassign::list_partition_reassignments(shard, r),
         ),
