@@ -564,7 +564,10 @@ def test_a_broker_describes_every_config_it_knows_with_its_default(broker):
             (name, cfg[name])
         assert not cfg[name].is_read_only, name
     assert cfg["ssl.keystore.password"].is_sensitive and cfg["ssl.keystore.password"].value is None
+    # The connection limits come from flags, reported as the other flags are; alterable.
     assert cfg["max.connections"].value.isdigit()
+    assert cfg["max.connections"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert not cfg["max.connections"].is_read_only
     # The defaults layer names nothing twice and comes after what is set.
     for f in a.incremental_alter_configs([ConfigResource(
             ResourceType.BROKER, broker_id, incremental_configs=[ConfigEntry(

@@ -216,9 +216,9 @@ fn describe_broker(
     // Everything else kaas knows at its default, as Kafka lists every broker config (most of
     // them DEFAULT_CONFIG): `kafka-configs --describe --all`, and tools that read one config
     // by name before they change it (sarama's suite reads `log.cleaner.backoff.ms`).
-    for (n, v) in broker_defaults(shard) {
+    for (n, v, source) in broker_defaults(shard) {
         if wanted(n) && listed.insert(n.to_string()) {
-            let e = broker_entry(n, v.as_deref().unwrap_or(""), SOURCE_DEFAULT, false, None);
+            let e = broker_entry(n, v.as_deref().unwrap_or(""), source, false, None);
             configs.push(
                 e.with_value(if broker_kind(n) == ConfigType::Password {
                     None
@@ -232,28 +232,31 @@ fn describe_broker(
     Ok(configs)
 }
 
-/// The dynamic broker configs at their defaults (name, value; `None` is Kafka's null): the topic
-/// defaults at the topic configs' defaults, the connection limits at their flags, and the
-/// configs accepted without effect at Kafka's defaults.
-fn broker_defaults(shard: &Shard) -> Vec<(&'static str, Option<String>)> {
+/// The dynamic broker configs nobody set (name, value, source; a `None` value is Kafka's null):
+/// the topic defaults at the topic configs' defaults, the connection limits at their flags
+/// (STATIC_BROKER_CONFIG, as the other flags are reported), and the configs accepted without
+/// effect at Kafka's defaults.
+fn broker_defaults(shard: &Shard) -> Vec<(&'static str, Option<String>, i8)> {
     let limits = &shard.config.limits;
     let topic_defaults = topic_config::BROKER_DEFAULTS.iter().map(|(b, t)| {
         let d = topic_config::lookup(t).map(|d| d.default.to_string());
-        (*b, d)
+        (*b, d, SOURCE_DEFAULT)
     });
     let connection_limits = [
         (
             topic_config::CONNECTION_LIMITS[0],
             Some(limits.connections.to_string()),
+            SOURCE_STATIC_BROKER,
         ),
         (
             topic_config::CONNECTION_LIMITS[1],
             Some(limits.connections_per_ip.to_string()),
+            SOURCE_STATIC_BROKER,
         ),
     ];
     let without_effect = topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT
         .iter()
-        .map(|(n, _, d)| (*n, d.map(str::to_string)));
+        .map(|(n, _, d)| (*n, d.map(str::to_string), SOURCE_DEFAULT));
     topic_defaults
         .chain(connection_limits)
         .chain(without_effect)
