@@ -185,14 +185,20 @@ def parse_api_versions_v0(body: bytes) -> tuple[int, dict[int, tuple[int, int]],
     return err, ranges, pos
 
 
+def call(broker, api_key: int, api_version: int, body: bytes, corr: int = 9) -> bytes:
+    """One non-flexible request on a fresh connection; returns its response after the
+    correlation id, which is checked."""
+    with connect(broker) as s:
+        s.sendall(request(api_key, api_version, corr, body))
+        resp = recv_frame(s)
+    (got,) = struct.unpack_from(">i", resp, 0)
+    assert got == corr, (got, corr)
+    return resp[4:]
+
+
 def api_versions(broker) -> dict[int, tuple[int, int]]:
     """Ask the broker for its ApiVersions (v0) and return {api_key: (min, max)}."""
-    with connect(broker) as s:
-        s.sendall(request(18, 0, 1, b""))
-        resp = recv_frame(s)
-    (corr,) = struct.unpack_from(">i", resp, 0)
-    assert corr == 1
-    err, ranges, _ = parse_api_versions_v0(resp[4:])
+    err, ranges, _ = parse_api_versions_v0(call(broker, 18, 0, b"", corr=1))
     assert err == 0, f"ApiVersions v0 error {err}"
     return ranges
 
@@ -206,13 +212,11 @@ def create_topic_assigned(broker, topic: str, assignments: dict[int, list[int]])
         body += struct.pack(">ii", p, len(ids)) + b"".join(struct.pack(">i", i) for i in ids)
     body += struct.pack(">i", 0)  # no configs
     body += struct.pack(">ib", 10000, 0)  # timeout_ms, validate_only
-    with connect(broker) as s:
-        s.sendall(request(19, 2, 7, body))
-        resp = recv_frame(s)
-    corr, _throttle, count = struct.unpack_from(">iii", resp, 0)
-    assert corr == 7 and count == 1, (corr, count)
-    (name_len,) = struct.unpack_from(">h", resp, 12)
-    (error,) = struct.unpack_from(">h", resp, 14 + name_len)
+    resp = call(broker, 19, 2, body)
+    _throttle, count = struct.unpack_from(">ii", resp, 0)
+    assert count == 1, count
+    (name_len,) = struct.unpack_from(">h", resp, 8)
+    (error,) = struct.unpack_from(">h", resp, 10 + name_len)
     return error
 
 
@@ -244,12 +248,9 @@ def topic_admin_raw(broker, api: str, names: list[str], count: int = 1) -> list[
         body += struct.pack(">ib", 10000, 0)
     else:
         raise ValueError(api)
-    with connect(broker) as s:
-        s.sendall(request(key, version, 9, body))
-        resp = recv_frame(s)
-    corr, _throttle, rows = struct.unpack_from(">iii", resp, 0)
-    assert corr == 9, corr
-    pos, out = 12, []
+    resp = call(broker, key, version, body)
+    _throttle, rows = struct.unpack_from(">ii", resp, 0)
+    pos, out = 8, []
     for _ in range(rows):
         name, pos = _read_string(resp, pos)
         (error,) = struct.unpack_from(">h", resp, pos)
@@ -266,13 +267,11 @@ def describe_configs_raw(broker, broker_id: str, names: list[str]) -> dict[str, 
     (the admin clients do not ask for it); returns {name: documentation or None}."""
     body = struct.pack(">ib", 1, 4) + string(broker_id) + struct.pack(">i", len(names))
     body += b"".join(string(n) for n in names) + struct.pack(">bb", 0, 1)
-    with connect(broker) as s:
-        s.sendall(request(32, 3, 11, body))
-        resp = recv_frame(s)
-    corr, _throttle, results = struct.unpack_from(">iii", resp, 0)
-    assert corr == 11 and results == 1, (corr, results)
-    (error,) = struct.unpack_from(">h", resp, 12)
-    message, pos = _read_string(resp, 14)
+    resp = call(broker, 32, 3, body)
+    _throttle, results = struct.unpack_from(">ii", resp, 0)
+    assert results == 1, results
+    (error,) = struct.unpack_from(">h", resp, 8)
+    message, pos = _read_string(resp, 10)
     assert error == 0, (error, message)
     _rname, pos = _read_string(resp, pos + 1)  # after the resource type
     (count,) = struct.unpack_from(">i", resp, pos)

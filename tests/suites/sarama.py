@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from franz_go import CACHE, SuiteRun, go, go_test_binary, load_expected
@@ -76,10 +77,10 @@ def start_toxiproxy(api_port: int, upstreams: list[str], config: Path, log: Path
     config.write_text(json.dumps([
         {"name": f"kafka{i + 1}", "listen": f"127.0.0.1:{PROXY_PORTS[i]}", "upstream": up,
          "enabled": True} for i, up in enumerate(upstreams)]))
-    p = subprocess.Popen([str(toxiproxy_binary()), "-host", "127.0.0.1", "-port", str(api_port),
-                          "-config", str(config)], stdin=subprocess.DEVNULL,
-                         stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    import urllib.request
+    with open(log, "wb") as out:
+        p = subprocess.Popen([str(toxiproxy_binary()), "-host", "127.0.0.1", "-port",
+                              str(api_port), "-config", str(config)], stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -103,7 +104,7 @@ def run_suite(toxiproxy_addr: str, cap_s: int = 900, log_dir: Path | None = None
     does, and reads each top-level test's outcome from the verbose output; a test with no
     outcome (the run timed out or panicked first) is a timeout or a failure."""
     binary = test_binary()
-    passing, excluded = load_expected(NAME)
+    _, excluded = load_expected(NAME)
     everything = list_all(binary)
     skip = "^(" + "|".join(re.escape(t) for t in sorted(excluded)) + ")$"
     env = {**os.environ, "TOXIPROXY_ADDR": toxiproxy_addr, "KAFKA_VERSION": KAFKA_VERSION}

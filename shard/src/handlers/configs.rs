@@ -191,11 +191,7 @@ fn describe_broker(
     if id.is_empty() {
         return Ok(configs);
     }
-    let doc = |name: &str| {
-        req.include_documentation
-            .then(|| broker_doc(name))
-            .flatten()
-    };
+    let doc = |name: &str| broker_doc(req.include_documentation, name);
     // `--broker-config` at start, where no dynamic config replaces it.
     for (n, v) in static_.iter() {
         if wanted(n) && listed.insert(n.clone()) {
@@ -218,15 +214,10 @@ fn describe_broker(
     // by name before they change it (sarama's suite reads `log.cleaner.backoff.ms`).
     for (n, v, source) in broker_defaults(shard) {
         if wanted(n) && listed.insert(n.to_string()) {
-            let e = broker_entry(n, v.as_deref().unwrap_or(""), source, false, None);
-            configs.push(
-                e.with_value(if broker_kind(n) == ConfigType::Password {
-                    None
-                } else {
-                    v.map(|v| s(&v))
-                })
-                .with_documentation(doc(n).map(|d| s(&d))),
-            );
+            let value = v.as_deref().unwrap_or("");
+            let e = broker_entry(n, value, source, false, doc(n).as_deref());
+            // Kafka's null default has no value (a password has none already).
+            configs.push(if v.is_none() { e.with_value(None) } else { e });
         }
     }
     Ok(configs)
@@ -242,18 +233,10 @@ fn broker_defaults(shard: &Shard) -> Vec<(&'static str, Option<String>, i8)> {
         let d = topic_config::lookup(t).map(|d| d.default.to_string());
         (*b, d, SOURCE_DEFAULT)
     });
-    let connection_limits = [
-        (
-            topic_config::CONNECTION_LIMITS[0],
-            Some(limits.connections.to_string()),
-            SOURCE_STATIC_BROKER,
-        ),
-        (
-            topic_config::CONNECTION_LIMITS[1],
-            Some(limits.connections_per_ip.to_string()),
-            SOURCE_STATIC_BROKER,
-        ),
-    ];
+    let connection_limits = topic_config::CONNECTION_LIMITS
+        .into_iter()
+        .zip([limits.connections, limits.connections_per_ip])
+        .map(|(n, v)| (n, Some(v.to_string()), SOURCE_STATIC_BROKER));
     let without_effect = topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT
         .iter()
         .map(|(n, _, d)| (*n, d.map(str::to_string), SOURCE_DEFAULT));
@@ -263,8 +246,12 @@ fn broker_defaults(shard: &Shard) -> Vec<(&'static str, Option<String>, i8)> {
         .collect()
 }
 
-/// What a dynamic broker config does in kaas, for DescribeConfigs' documentation.
-fn broker_doc(name: &str) -> Option<String> {
+/// What a dynamic broker config does in kaas, for DescribeConfigs' documentation (when
+/// `asked`).
+fn broker_doc(asked: bool, name: &str) -> Option<String> {
+    if !asked {
+        return None;
+    }
     if let Some(topic) = topic_config::topic_key_for_broker(name) {
         let what = topic_config::lookup(topic).map_or("", |d| d.doc);
         return Some(format!(
@@ -340,7 +327,7 @@ fn dynamic_entries(
     include_documentation: bool,
 ) -> Vec<DescribeConfigsResourceResult> {
     let source = source as i8;
-    let doc = |name: &str| include_documentation.then(|| broker_doc(name)).flatten();
+    let doc = |name: &str| broker_doc(include_documentation, name);
     let mut out: Vec<_> = topic_config::BROKER_DEFAULTS
         .iter()
         .filter_map(|(n, _)| {
