@@ -1,5 +1,6 @@
 """Just enough of the Kafka wire protocol, by hand, for raw-socket tests: framing, request
-headers, ApiVersions, a v2 record batch with CRC-32C, and Produce (v3-v12)."""
+headers, ApiVersions, a v2 record batch with CRC-32C, and Produce (v3-v12); and `send` for any
+request kafka-python's codec builds."""
 
 from __future__ import annotations
 
@@ -194,6 +195,23 @@ def call(broker, api_key: int, api_version: int, body: bytes, corr: int = 9) -> 
     (got,) = struct.unpack_from(">i", resp, 0)
     assert got == corr, (got, corr)
     return resp[4:]
+
+
+def send(broker, request, client_id: str = "kaas-test"):
+    """One request built by kafka-python's codec (`kafka.protocol`, every API at every version)
+    on a fresh connection to `broker` (anything with .host and .port); returns the decoded
+    response, in which a null string is None and an empty one "". """
+    import io
+
+    request.with_header(correlation_id=7, client_id=client_id)
+    with connect(broker) as s:
+        s.sendall(request.encode(framed=True, header=True))
+        frame = recv_frame(s)
+    response_class = request.header.get_response_class()
+    buf = io.BytesIO(frame)
+    header = response_class.parse_header(buf)
+    assert header.correlation_id == 7, header
+    return response_class.decode(buf)
 
 
 def api_versions(broker) -> dict[int, tuple[int, int]]:

@@ -13,31 +13,16 @@ and sent over a plain socket, so the test sees exactly what a client sees.
 """
 from __future__ import annotations
 
-import io
-import socket
-
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 
 from kcheck import create_topic
 from kcluster import logs_on_failure, make_cluster  # noqa: F401  (the fixture)
-from kwire import recv_frame
+from kwire import send as call
 
 TOPIC = "epochs"
 PARTITIONS = 6
 NONE, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 0, 74, 75
-
-
-def call(node, request):
-    """One request on a fresh connection to `node`; returns the decoded response."""
-    request.with_header(correlation_id=7, client_id="kaas-epoch-test")
-    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as s:
-        s.sendall(request.encode(framed=True, header=True))
-        frame = recv_frame(s)
-    response_class = request.header.get_response_class()
-    buf = io.BytesIO(frame)
-    response_class.parse_header(buf)
-    return response_class.decode(buf)
 
 
 def epochs(node) -> dict[int, tuple[int, int]]:

@@ -22,7 +22,7 @@ from kafka.protocol.metadata import MetadataRequest
 
 from kcheck import admin
 from kcluster import _CLUSTERS, Cluster, logs_on_failure
-from test_leader_epochs import call
+from kwire import send as call
 
 NONE, LEADER_NOT_AVAILABLE = 0, 5
 

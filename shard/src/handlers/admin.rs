@@ -82,6 +82,8 @@ pub async fn create_topics(
         let mut r = CreatableTopicResult::default().with_name(t.name.clone());
         match outcome {
             Ok(meta) => {
+                // A null message on success, as Kafka's (the codec's default is "").
+                r = r.with_error_message(None);
                 if let Some(m) = &meta {
                     tracing::info!(topic = %name, partitions, id = %m.id, "created topic");
                     r = r.with_topic_id(m.id);

@@ -54,7 +54,8 @@ pub fn update_features(req: &UpdateFeaturesRequest, version: i16) -> UpdateFeatu
                 UpdatableFeatureResult::default()
                     .with_feature(StrBytes::from_string((*name).to_string()))
                     .with_error_code(errors::NONE)
-                    .with_error_message(None)
+                    // Kafka names the error of an accepted feature ("NONE"), not null.
+                    .with_error_message(Some(StrBytes::from_static_str("NONE")))
             })
             .collect()
     } else {

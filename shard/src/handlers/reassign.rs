@@ -111,7 +111,9 @@ pub fn alter_partition_reassignments(
                 .with_partitions(partitions)
         })
         .collect();
+    // A null message on success, as Kafka's (the codec's default is "").
     AlterPartitionReassignmentsResponse::default()
+        .with_error_message(None)
         .with_allow_replication_factor_change(req.allow_replication_factor_change)
         .with_responses(responses)
 }
@@ -215,5 +217,7 @@ pub fn list_partition_reassignments(
             })
         })
         .collect();
-    ListPartitionReassignmentsResponse::default().with_topics(topics)
+    ListPartitionReassignmentsResponse::default()
+        .with_error_message(None)
+        .with_topics(topics)
 }

@@ -72,11 +72,12 @@ pub(super) fn find_coordinator_response(
             .map(|(k, r)| {
                 let c = Coordinator::default().with_key(s(&k));
                 match r {
+                    // Kafka's batched answer carries "" as a found coordinator's message.
                     Ok((id, host, port)) => c
                         .with_node_id(BrokerId(id))
                         .with_host(s(&host))
                         .with_port(port)
-                        .with_error_message(None),
+                        .with_error_message(Some(s(""))),
                     Err((code, msg)) => c
                         .with_node_id(BrokerId(-1))
                         .with_host(s(""))
@@ -93,7 +94,8 @@ pub(super) fn find_coordinator_response(
                 resp.node_id = BrokerId(id);
                 resp.host = s(&host);
                 resp.port = port;
-                resp.error_message = None;
+                // Kafka's single-key answer names the error even on success.
+                resp.error_message = Some(s("NONE"));
             }
             Err((code, msg)) => {
                 resp.error_code = code;
