@@ -344,8 +344,9 @@ def test_idle_consumer_long_polls(broker):
 
 def test_idempotent_retry_and_sequence_checks(broker):
     """With a producer id from InitProducerId, a retried batch (same sequence) gets its
-    original offset and is stored once; the next sequence appends; a sequence gap gets
-    OUT_OF_ORDER_SEQUENCE_NUMBER and is not stored."""
+    original offset and is stored once; the next sequence appends; a sequence gap, and a batch
+    that goes back before the stored sequence, get OUT_OF_ORDER_SEQUENCE_NUMBER and are not
+    stored."""
     topic = unique_topic("idem")
     create_topic(broker.bootstrap, topic, 1)
     ranges = kwire.api_versions(broker)
@@ -372,7 +373,9 @@ def test_idempotent_retry_and_sequence_checks(broker):
         assert send(3, batch(3, 2, b"b")) == (0, 3)
         err, _ = send(4, batch(10, 1, b"gap"))
         assert err == OUT_OF_ORDER_SEQUENCE_NUMBER, f"sequence gap: error {err}, want 45"
-        assert send(5, batch(5, 1, b"c")) == (0, 5)
+        err, _ = send(5, batch(1, 2, b"rewind"))
+        assert err == OUT_OF_ORDER_SEQUENCE_NUMBER, f"sequence rewind: error {err}, want 45"
+        assert send(6, batch(5, 1, b"c")) == (0, 5)
     records, ends = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
     assert ends == {0: 6}
     assert [v for _, _, _, v in records] == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"c-0"]
@@ -776,3 +779,25 @@ def test_a_success_carries_the_error_message_kafka_sends(broker):
     differ = {api: (m, SUCCESS_MESSAGES[api]) for api, m in seen.items()
               if m != SUCCESS_MESSAGES[api]}
     assert not differ, f"successful answers whose error message differs from Kafka's (sent, Kafka's): {differ}"
+
+
+def test_a_topic_default_is_listed_among_its_synonyms_as_kafka_lists_it(broker):
+    """DescribeConfigs with synonyms names a topic config's built-in default by the broker
+    config Kafka names it by, and lists none where Kafka lists none: `retention.ms` (Kafka's
+    `log.retention.ms` has no default of its own) and configs no broker config sets. kaas
+    listed `log.retention.ms` (KafkaJS's DescribeConfigs test compares the synonyms) and named
+    the others by the topic config itself."""
+    from kafka.protocol.admin import DescribeConfigsRequest as D
+    topic = unique_topic("synonyms")
+    create_topic(broker.bootstrap, topic, 1)
+    want = {"retention.ms": [], "segment.ms": [], "segment.jitter.ms": [],
+            "remote.storage.enable": [], "cleanup.policy": ["log.cleanup.policy"],
+            "file.delete.delay.ms": ["log.segment.delete.delay.ms"],
+            "segment.index.bytes": ["log.index.size.max.bytes"],
+            "preallocate": ["log.preallocate"]}
+    (r,) = kwire.send(broker, D[1](resources=[D.DescribeConfigsResource(
+        resource_type=2, resource_name=topic, configuration_keys=list(want))],
+        include_synonyms=True)).results
+    assert r.error_code == 0, r
+    got = {c.name: [s.name for s in c.synonyms if s.source == 5] for c in r.configs}
+    assert got == want

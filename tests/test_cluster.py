@@ -446,6 +446,44 @@ def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
 
 
 @logs_on_failure
+def test_a_sequence_rewind_after_a_take_over_is_out_of_order(make_cluster):
+    """In its first minute as a partition's leader, a broker answers a forward gap in an
+    idempotent producer's sequence NOT_LEADER_OR_FOLLOWER: the previous leader may have refused
+    the missing batch unstored (shard/src/refused.rs). A batch that goes back before the stored
+    sequence is no such gap, and gets Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER. kaas answered it
+    NOT_LEADER_OR_FOLLOWER too (KafkaJS's produce test: a batch with sequence 1 after 0-2 on a
+    topic just created), and a client told "not leader" resends it for ever."""
+    import kwire
+    c = make_cluster(3)
+    create_topic(c.bootstrap(), "rewind", 1)
+    a = c.wait_settled(1)[0]
+    leader = next(n for n in c.nodes if n.id == file_leaders(a, "rewind")[0])
+    ranges = kwire.api_versions(leader)
+    version = kwire.pick_produce_version(ranges)
+    pid, epoch = kwire.init_producer_id(leader, ranges)
+
+    def batch(seq, n):
+        return kwire.record_batch([(b"k", b"v%d" % (seq + i)) for i in range(n)],
+                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+    with kwire.connect(leader) as s:
+        s.settimeout(15)
+
+        def send(corr, b):
+            s.sendall(kwire.produce_request(version, corr, "rewind", 0, b))
+            got, _, _, err, base = kwire.parse_produce_response(version, kwire.recv_frame(s))
+            assert got == corr
+            return err, base
+
+        assert send(1, batch(0, 3)) == (0, 0)
+        err, _ = send(2, batch(1, 3))
+        assert err == 45, f"a batch from sequence 1 after 0-2: error {err}, want 45 (OUT_OF_ORDER_SEQUENCE_NUMBER)"
+        err, _ = send(3, batch(10, 1))
+        assert err == 6, f"a gap (sequence 10 after 2) just after the take-over: error {err}, want 6"
+        assert send(4, batch(3, 1)) == (0, 3)
+
+
+@logs_on_failure
 def test_paused_leader_refuses_as_not_leader_only_what_it_did_not_store(make_cluster):
     """A leader paused (SIGSTOP) with acks=all writes in flight loses its partitions by time;
     resumed, it must not call a write it had stored "not leader": librdkafka reads

@@ -712,23 +712,36 @@ pub struct BrokerLayers<'a> {
 
 /// As [`resolve`], through every broker layer, as Kafka layers them: the topic's override,
 /// this broker's dynamic config, the cluster-wide dynamic default, the static config, the
-/// built-in default; each reported with its source. The highest of [`synonyms`].
+/// built-in default; each reported with its source.
 pub fn resolve_layered<'a>(
     topic: &'a BTreeMap<String, String>,
     broker: &BrokerLayers<'a>,
     name: &'a str,
 ) -> Option<(&'a str, Source)> {
-    synonyms(topic, broker, name)
+    set_layers(topic, broker, name)
         .into_iter()
         .next()
         .map(|(_, v, source)| (v, source))
+        .or_else(|| lookup(name).map(|d| (d.default, Source::Default)))
 }
 
 /// Every layer that sets topic config `name`, highest first, as DescribeConfigs lists its
 /// synonyms: the topic's own value, then the broker config of each broker layer that has one,
-/// then the built-in default (under the broker config's name where there is one, as Kafka
-/// names its defaults).
+/// then the built-in default under the name Kafka lists it by ([`default_synonym`]).
 pub fn synonyms<'a>(
+    topic: &'a BTreeMap<String, String>,
+    broker: &BrokerLayers<'a>,
+    name: &'a str,
+) -> Vec<(&'a str, &'a str, Source)> {
+    let mut out = set_layers(topic, broker, name);
+    if let (Some(d), Some(listed_as)) = (lookup(name), default_synonym(name)) {
+        out.push((listed_as, d.default, Source::Default));
+    }
+    out
+}
+
+/// The layers that set topic config `name`, highest first, without the built-in default.
+fn set_layers<'a>(
     topic: &'a BTreeMap<String, String>,
     broker: &BrokerLayers<'a>,
     name: &'a str,
@@ -737,8 +750,7 @@ pub fn synonyms<'a>(
     if let Some(v) = topic.get(name) {
         out.push((name, v.as_str(), Source::Topic));
     }
-    let broker_name = broker_key_for_topic(name);
-    if let Some(b) = broker_name {
+    if let Some(b) = broker_key_for_topic(name) {
         for (layer, source) in [
             (broker.own, Source::DynamicBroker),
             (broker.default, Source::DynamicBrokerDefault),
@@ -749,10 +761,59 @@ pub fn synonyms<'a>(
             }
         }
     }
-    if let Some(d) = lookup(name) {
-        out.push((broker_name.unwrap_or(name), d.default, Source::Default));
-    }
     out
+}
+
+/// Kafka's broker configs for the topic configs kaas accepts without a broker layer of its own
+/// (topic config, broker config), as Kafka 4.4 names their defaults among the synonyms.
+const KAFKA_DEFAULT_SYNONYMS: &[(&str, &str)] = &[
+    ("compression.gzip.level", "compression.gzip.level"),
+    ("compression.lz4.level", "compression.lz4.level"),
+    ("compression.zstd.level", "compression.zstd.level"),
+    ("file.delete.delay.ms", "log.segment.delete.delay.ms"),
+    ("local.retention.bytes", "log.local.retention.bytes"),
+    ("local.retention.ms", "log.local.retention.ms"),
+    ("max.compaction.lag.ms", "log.cleaner.max.compaction.lag.ms"),
+    (
+        "max.decompressed.message.bytes",
+        "max.decompressed.message.bytes",
+    ),
+    (
+        "message.timestamp.after.max.ms",
+        "log.message.timestamp.after.max.ms",
+    ),
+    (
+        "message.timestamp.before.max.ms",
+        "log.message.timestamp.before.max.ms",
+    ),
+    ("message.timestamp.type", "log.message.timestamp.type"),
+    ("min.insync.replicas", "min.insync.replicas"),
+    ("preallocate", "log.preallocate"),
+    ("remote.copy.lag.bytes", "log.remote.copy.lag.bytes"),
+    ("remote.copy.lag.ms", "log.remote.copy.lag.ms"),
+    ("segment.index.bytes", "log.index.size.max.bytes"),
+    (
+        "unclean.leader.election.enable",
+        "unclean.leader.election.enable",
+    ),
+];
+
+/// The name under which DescribeConfigs lists topic config `name`'s built-in default among
+/// its synonyms, as Kafka 4.4 does: the broker config that sets that default, or none.
+/// `retention.ms` and `segment.ms` have none: Kafka's `log.retention.ms` and `log.roll.ms` have
+/// no default of their own (they fall back to their `.hours` forms), and clients compare
+/// (KafkaJS's DescribeConfigs test). Nor do the configs no broker config sets
+/// (`segment.jitter.ms`, `remote.storage.enable`, ...).
+pub fn default_synonym(name: &str) -> Option<&'static str> {
+    if matches!(name, "retention.ms" | "segment.ms") {
+        return None;
+    }
+    broker_key_for_topic(name).or_else(|| {
+        KAFKA_DEFAULT_SYNONYMS
+            .iter()
+            .find(|(t, _)| *t == name)
+            .map(|(_, b)| *b)
+    })
 }
 
 /// The effective value of topic config `name`: the topic's override, else the broker's
@@ -911,10 +972,15 @@ mod tests {
                 ("log.retention.ms", "5000", Source::DynamicBroker),
                 ("log.retention.ms", "3000", Source::DynamicBrokerDefault),
                 ("log.retention.ms", "1000", Source::StaticBroker),
-                ("log.retention.ms", "604800000", Source::Default),
             ],
-            "every layer, highest first: the first is the effective value"
+            "every layer, highest first: the first is the effective value; Kafka's \
+             log.retention.ms has no default of its own to list"
         );
+        assert_eq!(
+            got(&none, &none, "retention.ms"),
+            Some(("1000", Source::StaticBroker))
+        );
+
         assert_eq!(
             synonyms(&none, &layers, "cleanup.policy"),
             vec![("log.cleanup.policy", "delete", Source::Default)]
@@ -935,6 +1001,36 @@ mod tests {
             got(&none, &none, "cleanup.policy").map(|(_, s)| s),
             Some(Source::Default)
         );
+    }
+
+    // A built-in default is listed among the synonyms under Kafka's name for it, or not at
+    // all where Kafka lists none; it resolves either way.
+    #[test]
+    fn defaults_are_listed_as_kafka_lists_them() {
+        let none = BTreeMap::new();
+        let bare = BrokerLayers {
+            own: &none,
+            default: &none,
+            static_: &none,
+        };
+        assert_eq!(
+            resolve_layered(&none, &bare, "retention.ms"),
+            Some(("604800000", Source::Default)),
+            "the built-in default resolves although it is not listed"
+        );
+        assert!(synonyms(&none, &bare, "retention.ms").is_empty());
+        assert_eq!(
+            synonyms(&none, &bare, "file.delete.delay.ms"),
+            vec![("log.segment.delete.delay.ms", "60000", Source::Default)],
+            "named as Kafka names it"
+        );
+        assert!(synonyms(&none, &bare, "segment.jitter.ms").is_empty());
+        for (topic, _) in KAFKA_DEFAULT_SYNONYMS {
+            assert!(
+                lookup(topic).is_some(),
+                "{topic} is not a topic config kaas knows"
+            );
+        }
     }
 
     // Every default validates against its own definition.

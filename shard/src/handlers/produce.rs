@@ -438,7 +438,9 @@ async fn produce_partition(
 }
 
 /// The retriable answer for a sequence gap this broker or the previous leader left by refusing
-/// a batch unstored, or `None` for a gap the client made (see [`crate::refused`]).
+/// a batch unstored, or `None` for a gap the client made (see [`crate::refused`]). A refusal
+/// only ever leaves a hole (`got` past `expected`); a batch that goes back before the stored
+/// sequence gets Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER even just after a take-over.
 fn gap_answer(
     shard: &Shard,
     sequence: Option<(crate::refused::Key, i16, i32, i32)>,
@@ -446,6 +448,9 @@ fn gap_answer(
     got: i32,
 ) -> Option<i16> {
     let (key, epoch, ..) = sequence?;
+    if !sequence_skips_ahead(expected, got) {
+        return None;
+    }
     let ours =
         shard
             .refused
@@ -456,6 +461,15 @@ fn gap_answer(
             .taken_over_within(key.0, key.1, crate::refused::AFTER_TAKE_OVER)
             .then_some(errors::NOT_LEADER_OR_FOLLOWER)
     })
+}
+
+/// Whether a batch starting at sequence `got` leaves a hole after `expected`, the sequence
+/// the stored batches call for. Sequences wrap from `i32::MAX` to 0, as Kafka's do, so "ahead"
+/// is the shorter way round.
+fn sequence_skips_ahead(expected: i32, got: i32) -> bool {
+    let ahead = i64::from(got) - i64::from(expected);
+    let ahead = ahead.rem_euclid(1_i64 << 31);
+    ahead != 0 && ahead < 1_i64 << 30
 }
 
 /// The answer for an idempotent batch whose sequence gap a refusal left ([`gap_answer`]'s
@@ -626,6 +640,25 @@ fn now_ms() -> i64 {
 mod tests {
     use super::*;
     use kaas_wire::batch::BatchHeader;
+
+    #[test]
+    fn only_a_sequence_past_the_expected_one_skips_ahead() {
+        assert!(sequence_skips_ahead(3, 10));
+        assert!(sequence_skips_ahead(3, 4));
+        assert!(
+            !sequence_skips_ahead(3, 3),
+            "the expected sequence is no gap"
+        );
+        assert!(
+            !sequence_skips_ahead(3, 1),
+            "a rewind is not a hole a refusal left"
+        );
+        assert!(!sequence_skips_ahead(3, 0));
+        // Sequences wrap from i32::MAX to 0.
+        assert!(sequence_skips_ahead(i32::MAX - 1, 2));
+        assert!(!sequence_skips_ahead(5, i32::MAX - 2));
+        assert!(!sequence_skips_ahead(0, i32::MAX));
+    }
 
     fn header(base_timestamp: i64, max_timestamp: i64) -> BatchHeader {
         BatchHeader {
