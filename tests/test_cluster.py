@@ -446,41 +446,49 @@ def test_orderly_handover_refuses_only_what_it_did_not_store(make_cluster):
 
 
 @logs_on_failure
-def test_a_sequence_rewind_after_a_take_over_is_out_of_order(make_cluster):
-    """In its first minute as a partition's leader, a broker answers a forward gap in an
-    idempotent producer's sequence NOT_LEADER_OR_FOLLOWER: the previous leader may have refused
-    the missing batch unstored (shard/src/refused.rs). A batch that goes back before the stored
-    sequence is no such gap, and gets Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER. kaas answered it
-    NOT_LEADER_OR_FOLLOWER too (KafkaJS's produce test: a batch with sequence 1 after 0-2 on a
-    topic just created), and a client told "not leader" resends it for ever."""
+def test_only_a_hole_from_before_a_take_over_is_answered_not_leader(make_cluster):
+    """In its first minute as a partition's leader, a broker answers a hole in an idempotent
+    producer's sequence NOT_LEADER_OR_FOLLOWER if the producer's last batch was stored before
+    it took over: the previous leader may have refused the missing batch unstored
+    (shard/src/refused.rs). Anything else is Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER: a batch that
+    goes back before the stored sequence, and a hole after a batch this leader stored itself.
+    kaas answered both NOT_LEADER_OR_FOLLOWER for a minute (KafkaJS's produce test sends them
+    to a topic just created, and expects 45)."""
     import kwire
+    from kafka.protocol.admin import AlterPartitionReassignmentsRequest as APR
     c = make_cluster(3)
-    create_topic(c.bootstrap(), "rewind", 1)
-    a = c.wait_settled(1)[0]
-    leader = next(n for n in c.nodes if n.id == file_leaders(a, "rewind")[0])
-    ranges = kwire.api_versions(leader)
+    create_topic(c.bootstrap(), "holes", 1)
+    first = file_leaders(c.wait_settled(1)[0], "holes")[0]
+    ranges = kwire.api_versions(c.nodes[0])
     version = kwire.pick_produce_version(ranges)
-    pid, epoch = kwire.init_producer_id(leader, ranges)
+    pid, epoch = kwire.init_producer_id(c.nodes[0], ranges)
 
-    def batch(seq, n):
-        return kwire.record_batch([(b"k", b"v%d" % (seq + i)) for i in range(n)],
-                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    def send(node, seq, n=1):
+        batch = kwire.record_batch([(b"k", b"v%d" % (seq + i)) for i in range(n)],
+                                   producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+        with kwire.connect(node) as s:
+            s.settimeout(15)
+            s.sendall(kwire.produce_request(version, 1, "holes", 0, batch))
+            _, _, _, err, base = kwire.parse_produce_response(version, kwire.recv_frame(s))
+        return err, base
 
-    with kwire.connect(leader) as s:
-        s.settimeout(15)
+    leader = next(n for n in c.nodes if n.id == first)
+    assert send(leader, 0, 3) == (0, 0)
+    assert send(leader, 1, 3)[0] == 45, "a rewind on a new topic"
+    assert send(leader, 10)[0] == 45, "a hole after a batch this leader stored"
 
-        def send(corr, b):
-            s.sendall(kwire.produce_request(version, corr, "rewind", 0, b))
-            got, _, _, err, base = kwire.parse_produce_response(version, kwire.recv_frame(s))
-            assert got == corr
-            return err, base
-
-        assert send(1, batch(0, 3)) == (0, 0)
-        err, _ = send(2, batch(1, 3))
-        assert err == 45, f"a batch from sequence 1 after 0-2: error {err}, want 45 (OUT_OF_ORDER_SEQUENCE_NUMBER)"
-        err, _ = send(3, batch(10, 1))
-        assert err == 6, f"a gap (sequence 10 after 2) just after the take-over: error {err}, want 6"
-        assert send(4, batch(3, 1)) == (0, 3)
+    # Leadership moves: the new leader has stored nothing of this producer's.
+    target = next(n for n in c.nodes if n.id != first)
+    r = kwire.send(c.wait_controller(), APR[0](timeout_ms=30_000, topics=[APR.ReassignableTopic(
+        name="holes", partitions=[APR.ReassignableTopic.ReassignablePartition(
+            partition_index=0, replicas=[target.id])])]))
+    assert r.error_code == 0 and r.responses[0].partitions[0].error_code == 0, r
+    c.wait(lambda: (a := c.settled(1)) and file_leaders(a[0], "holes")[0] == target.id, 60,
+           f"partition 0 led by broker {target.id}")
+    assert send(target, 10)[0] == 6, "a hole the previous leader may have left"
+    assert send(target, 1, 3)[0] == 45, "a rewind after the move"
+    assert send(target, 3) == (0, 3)
+    assert send(target, 10)[0] == 45, "a hole after a batch the new leader stored"
 
 
 @logs_on_failure

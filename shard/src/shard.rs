@@ -52,6 +52,17 @@ struct PartitionSlot {
     last_used: std::cell::Cell<std::time::Instant>,
 }
 
+/// Cluster mode: when and where this broker took a partition over.
+#[derive(Debug, Clone, Copy)]
+struct TakenOver {
+    /// The leader epoch it took the partition over at: a log the open-file budget closed is
+    /// reopened only while the stored epoch is still this one.
+    epoch: i32,
+    at: std::time::Instant,
+    /// The log end offset then: what the previous leaders stored lies before it.
+    end_offset: i64,
+}
+
 /// State of one shard. Lives on its executor's thread only (`Rc`, `RefCell`); other shards
 /// reach it through [`crate::mesh::on_shard`].
 pub struct Shard {
@@ -76,10 +87,8 @@ pub struct Shard {
     /// offset saved): an acks=all write answered after its partition was handed over is
     /// acknowledged if the close kept it (see [`Shard::kept_on_handover`]).
     closing: RefCell<HashMap<u64, Rc<PartitionLog>>>,
-    /// Cluster mode: the leader epoch each served partition was taken over at; a log the
-    /// open-file budget closed is reopened only while the stored epoch is still this one.
-    /// Cluster mode: the epoch each served partition was taken over at, and when.
-    taken_epochs: RefCell<HashMap<(Uuid, i32), (i32, std::time::Instant)>>,
+    /// Cluster mode: each served partition's take-over (see [`TakenOver`]).
+    taken_epochs: RefCell<HashMap<(Uuid, i32), TakenOver>>,
     /// Logs being opened now (each will hold a descriptor): counted by the open-file budget.
     opening_logs: std::cell::Cell<usize>,
     retired: RefCell<std::collections::VecDeque<(u64, Option<i64>)>>,
@@ -163,25 +172,33 @@ impl Shard {
             if let Some(log) = self.open_partition(topic.id, partition) {
                 return log.leader_epoch().0;
             }
-            if let Some((epoch, _)) = self.taken_epochs.borrow().get(&(topic.id, partition)) {
-                return *epoch;
+            if let Some(t) = self.taken_epochs.borrow().get(&(topic.id, partition)) {
+                return t.epoch;
             }
         }
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         self.claims.epoch(topic.id, partition, leader, &dir)
     }
 
-    /// Cluster mode: whether this broker took `partition` over less than `window` ago.
-    pub fn taken_over_within(
+    /// Cluster mode: whether a hole in a producer's sequence on `partition` may be the
+    /// previous leader's doing (see `crate::refused`): this broker took the partition over less
+    /// than `window` ago, and the producer's last stored batch, ending at `after_offset`, was
+    /// stored before that. A batch this broker stored since was the client's next in sequence,
+    /// so nothing before it is outstanding on the old leader and a hole after it is the
+    /// client's own (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER).
+    pub fn gap_may_predate_take_over(
         &self,
         topic_id: Uuid,
         partition: i32,
         window: std::time::Duration,
+        after_offset: Option<i64>,
     ) -> bool {
         self.taken_epochs
             .borrow()
             .get(&(topic_id, partition))
-            .is_some_and(|(_, at)| at.elapsed() < window)
+            .is_some_and(|t| {
+                t.at.elapsed() < window && after_offset.is_none_or(|o| o < t.end_offset)
+            })
     }
 
     /// Whether this shard serves `topic`/`partition` now: always in single-node mode; in
@@ -248,7 +265,11 @@ impl Shard {
         );
         self.taken_epochs.borrow_mut().insert(
             (topic.id, partition),
-            (log.leader_epoch().0, std::time::Instant::now()),
+            TakenOver {
+                epoch: log.leader_epoch().0,
+                at: std::time::Instant::now(),
+                end_offset: log.log_end_offset(),
+            },
         );
         // Before serving, so that no client learns of this leadership (Metadata names the
         // leader from the assignment) from a broker that would report another epoch for it.
@@ -313,7 +334,7 @@ impl Shard {
         let ours = match self.open_partition(topic.id, partition) {
             Some(log) => log.leader_epoch().0,
             None => match self.taken_epochs.borrow().get(&(topic.id, partition)) {
-                Some((e, _)) => *e,
+                Some(t) => t.epoch,
                 None => return Ok(()),
             },
         };
@@ -416,7 +437,7 @@ impl Shard {
                 .taken_epochs
                 .borrow()
                 .get(&(topic.id, partition))
-                .map(|(e, _)| *e);
+                .map(|t| t.epoch);
             if let Some(taken) = taken {
                 let dir = topic.partition_dir(&self.config.data_dir, partition);
                 let stored = kaas_storage::stored_leader_epoch(&dir)?;

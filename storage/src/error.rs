@@ -31,6 +31,8 @@ pub enum StorageError {
         producer_id: i64,
         got: i32,
         expected: i32,
+        /// The last offset of the producer's last stored batch, if the table remembers one.
+        after_offset: Option<i64>,
     },
     #[error("corrupt data in {path} at byte {position}: {detail}")]
     Corrupt {

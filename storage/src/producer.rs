@@ -96,6 +96,7 @@ impl ProducerStateTable {
                     producer_id: h.producer_id,
                     got: h.base_sequence,
                     expected: 0,
+                    after_offset: entry.batches.back().map(|b| b.last_offset),
                 });
             }
             return Ok(ProducerCheck::Write);
@@ -111,9 +112,8 @@ impl ProducerStateTable {
                 last_offset: dup.last_offset,
             });
         }
-        let expected = entry
-            .batches
-            .back()
+        let last = entry.batches.back();
+        let expected = last
             .map(|b| next_sequence(b.last_sequence))
             .unwrap_or(h.base_sequence);
         if h.base_sequence != expected {
@@ -121,6 +121,7 @@ impl ProducerStateTable {
                 producer_id: h.producer_id,
                 got: h.base_sequence,
                 expected,
+                after_offset: last.map(|b| b.last_offset),
             });
         }
         Ok(ProducerCheck::Write)
@@ -227,7 +228,11 @@ mod tests {
         ));
         assert!(matches!(
             t.check(&header(1, 0, 20, 1)),
-            Err(StorageError::OutOfOrderSequence { expected: 14, .. })
+            Err(StorageError::OutOfOrderSequence {
+                expected: 14,
+                after_offset: Some(13),
+                ..
+            })
         ));
         assert_eq!(t.check(&header(1, 0, 14, 1)).unwrap(), ProducerCheck::Write);
     }

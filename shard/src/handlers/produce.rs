@@ -368,8 +368,14 @@ async fn produce_partition(
     let appended = log
         .append_at(&records, &headers, log.leader_epoch(), log_append_time_ms)
         .await;
-    if let Err(kaas_storage::StorageError::OutOfOrderSequence { got, expected, .. }) = &appended {
-        if let Some(code) = gap_answer(&shard, sequence, *expected, *got) {
+    if let Err(kaas_storage::StorageError::OutOfOrderSequence {
+        got,
+        expected,
+        after_offset,
+        ..
+    }) = &appended
+    {
+        if let Some(code) = gap_answer(&shard, sequence, *expected, *got, *after_offset) {
             return gap_refusal(&shard, code, *expected, *got);
         }
     }
@@ -440,12 +446,15 @@ async fn produce_partition(
 /// The retriable answer for a sequence gap this broker or the previous leader left by refusing
 /// a batch unstored, or `None` for a gap the client made (see [`crate::refused`]). A refusal
 /// only ever leaves a hole (`got` past `expected`); a batch that goes back before the stored
-/// sequence gets Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER even just after a take-over.
+/// sequence gets Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER even just after a take-over, as does a
+/// hole after a batch this broker stored since it took over (`after_offset`: where the
+/// producer's last stored batch ends).
 fn gap_answer(
     shard: &Shard,
     sequence: Option<(crate::refused::Key, i16, i32, i32)>,
     expected: i32,
     got: i32,
+    after_offset: Option<i64>,
 ) -> Option<i16> {
     let (key, epoch, ..) = sequence?;
     if !sequence_skips_ahead(expected, got) {
@@ -458,7 +467,7 @@ fn gap_answer(
             .explains(key, epoch, expected, got, std::time::Instant::now());
     ours.or_else(|| {
         shard
-            .taken_over_within(key.0, key.1, crate::refused::AFTER_TAKE_OVER)
+            .gap_may_predate_take_over(key.0, key.1, crate::refused::AFTER_TAKE_OVER, after_offset)
             .then_some(errors::NOT_LEADER_OR_FOLLOWER)
     })
 }
