@@ -65,8 +65,8 @@ pytest_status() {
 }
 
 run_pytest() {
-    # shellcheck disable=SC2086
     if [[ "${KAAS_PYTEST_SPLIT:-0}" != 1 ]]; then
+        # shellcheck disable=SC2086
         python3 -m pytest tests -q --durations=25 ${PYTEST_ARGS:-}
         return
     fi

@@ -380,6 +380,16 @@ def parse_produce_response(version: int, frame: bytes) -> tuple[int, str, int, i
     return corr, name, idx, err, base
 
 
+def produce(s: socket.socket, version: int, corr: int, topic: str, partition: int,
+            batch: bytes) -> tuple[int, int]:
+    """One Produce (acks=all) of `batch` on the open connection `s`; returns (error code, base
+    offset) of its answer, whose correlation id is checked."""
+    s.sendall(produce_request(version, corr, topic, partition, batch))
+    got, _, _, err, base = parse_produce_response(version, recv_frame(s))
+    assert got == corr, (got, corr)
+    return err, base
+
+
 def pick_produce_version(ranges: dict[int, tuple[int, int]]) -> int:
     lo, hi = ranges[0]
     v = min(hi, 12)

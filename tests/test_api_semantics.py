@@ -362,10 +362,7 @@ def test_idempotent_retry_and_sequence_checks(broker):
         s.settimeout(15)
 
         def send(corr, b):
-            s.sendall(kwire.produce_request(version, corr, topic, 0, b))
-            c, _, _, err, base = kwire.parse_produce_response(version, kwire.recv_frame(s))
-            assert c == corr
-            return err, base
+            return kwire.produce(s, version, corr, topic, 0, b)
 
         first = batch(0, 3, b"a")
         assert send(1, first) == (0, 0)
@@ -657,9 +654,9 @@ def test_a_topic_named_twice_in_one_admin_request_is_refused_as_kafka_does(broke
 
 
 # The error message of a successful entry, as Apache Kafka 4.4 sends it: null, "", or (for
-# FindCoordinator v1-v3 and an UpdateFeatures v1 feature) "NONE". A client may take any message for an error, and KafkaJS's own
-# tests expect null after CreateTopics. KAAS_TEST_APACHE_KAFKA=1 runs the test below against
-# Kafka, which checks this table.
+# FindCoordinator v1-v3 and an UpdateFeatures v1 feature) "NONE". A client may take any
+# message for an error, and KafkaJS's own tests expect null after CreateTopics.
+# KAAS_TEST_APACHE_KAFKA=1 runs the test below against Kafka, which checks this table.
 SUCCESS_MESSAGES: dict[str, str | None] = {
     "CreateTopics v7": None,
     "CreatePartitions v3": None,

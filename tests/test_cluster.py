@@ -468,9 +468,7 @@ def test_only_a_hole_from_before_a_take_over_is_answered_not_leader(make_cluster
                                    producer_id=pid, producer_epoch=epoch, base_sequence=seq)
         with kwire.connect(node) as s:
             s.settimeout(15)
-            s.sendall(kwire.produce_request(version, 1, "holes", 0, batch))
-            _, _, _, err, base = kwire.parse_produce_response(version, kwire.recv_frame(s))
-        return err, base
+            return kwire.produce(s, version, 1, "holes", 0, batch)
 
     leader = next(n for n in c.nodes if n.id == first)
     assert send(leader, 0, 3) == (0, 0)
