@@ -6,13 +6,12 @@
 #   3. cargo test --workspace
 #   4. scripts/fuzz.sh           (each fuzz target for 30 s; 600 s with KAAS_LONG_TESTS=1)
 #   5. cargo build --release -p kaas -p kaas-bench -p kaas-lazyfs
-#   6. python3 -m pytest tests -q --durations=25 (real clients against the kaas binary; KAAS_BIN
-#      is set). With KAAS_PYTEST_SPLIT=1, as two processes side by side: the client projects' own
-#      suites (`-m suite`) and everything else (`-m "not suite"`). Most tests wait on clients,
-#      timeouts and faults: the serial run keeps the two cores about 30% busy and takes about 31
-#      minutes; side by side it takes about 19. It is not the default: under the other half's
-#      load, kafka-python's test_group (four Python consumers, 3 s sessions, 15 s to settle)
-#      failed once on the cluster.
+#   6. python3 -m pytest tests (real clients against the kaas binary; KAAS_BIN is set), as two
+#      processes side by side: the client projects' own suites (`-m suite`) and everything else
+#      (`-m "not suite"`). Most tests wait on clients, timeouts and faults: one process keeps the
+#      two cores about 30% busy and takes about 31 minutes, two take about 20. Each keeps its
+#      temporary directories (broker logs, the suites' own logs) under $KAAS_TEST_TMP until the
+#      next run, so a failure can be read after the run.
 #
 # Every step runs even if an earlier check failed (except that the client suites need the
 # release build); the exit code is non-zero if any step failed, and a summary is printed.
@@ -22,7 +21,9 @@
 #   KAAS_LONG_TESTS=1  also run the 1-million-message round trip
 #   KAAS_TEST_MESSAGES messages per client suite (default 100000)
 #   PYTEST_ARGS        extra pytest arguments for both processes (e.g. "-k librdkafka -x"; not -m)
-#   KAAS_PYTEST_SPLIT=1   two pytest processes side by side (step 6) instead of one
+#   KAAS_PYTEST_SPLIT=0   one pytest process (step 6) instead of two
+#   KAAS_TEST_TMP      where step 6 keeps its temporary directories (default
+#                      ${TMPDIR:-/tmp}/kaas-pytest; emptied at the start of each run)
 #   KAAS_SKIP_CARGO_CHECKS=1  skip steps 1-3 (quick local iteration on the client suites)
 # Needs the tools from scripts/install-test-deps.sh.
 set -uo pipefail
@@ -65,26 +66,33 @@ pytest_status() {
 }
 
 run_pytest() {
-    if [[ "${KAAS_PYTEST_SPLIT:-0}" != 1 ]]; then
+    # pytest's own temporary root keeps only its three newest runs, and the client suites'
+    # nested pytest runs count among them: a failure's broker logs were gone by the end of the
+    # run. An explicit --basetemp per process is kept until the next run.
+    local tmp_root="${KAAS_TEST_TMP:-${TMPDIR:-/tmp}/kaas-pytest}"
+    mkdir -p "$tmp_root"
+    echo "(temporary directories and broker logs: $tmp_root)"
+    if [[ "${KAAS_PYTEST_SPLIT:-1}" == 0 ]]; then
         # shellcheck disable=SC2086
-        python3 -m pytest tests -q --durations=25 ${PYTEST_ARGS:-}
+        python3 -m pytest tests -q --durations=25 --basetemp "$tmp_root/all" ${PYTEST_ARGS:-}
         return
     fi
     # The suites bind fixed ports (kafka-go 9092, sarama's proxies 29091-29095, toxiproxy 8474)
     # and every other test free ones, so the two halves cannot collide.
     local suites_log rc_suites=0 rc_rest=0 pid
-    suites_log="$(mktemp)"
+    suites_log="$tmp_root/suites.log"
     # shellcheck disable=SC2086
-    python3 -m pytest tests -q --durations=10 -m suite ${PYTEST_ARGS:-} >"$suites_log" 2>&1 &
+    python3 -m pytest tests -q --durations=10 --basetemp "$tmp_root/suites" -m suite \
+        ${PYTEST_ARGS:-} >"$suites_log" 2>&1 &
     pid=$!
     echo "(the client projects' suites run beside these tests; their output follows them)"
     # shellcheck disable=SC2086
-    python3 -m pytest tests -q --durations=25 -m "not suite" ${PYTEST_ARGS:-} || rc_rest=$?
+    python3 -m pytest tests -q --durations=25 --basetemp "$tmp_root/rest" -m "not suite" \
+        ${PYTEST_ARGS:-} || rc_rest=$?
     wait "$pid" || rc_suites=$?
     echo
     echo "==> the client projects' suites (pytest -m suite)"
     cat "$suites_log"
-    rm -f "$suites_log"
     rc_rest=$(pytest_status "$rc_rest")
     rc_suites=$(pytest_status "$rc_suites")
     [[ $rc_rest == 0 && $rc_suites == 0 ]]
