@@ -8,7 +8,8 @@
 #   PyPI:   tests/requirements.txt (pytest, kafka-python, confluent-kafka, requests, ...)
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
-#   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver, the kgo (franz-go) and
+#   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver and the rest of a one-node
+#           Kubernetes (scripts/install-kube-node.sh), the kgo (franz-go) and
 #           kafka-go test binaries, sarama's functional test binary and toxiproxy
 #   C:      librdkafka's test-runner (its tests/ suite), built from the rdkafka-sys crate's source
 #
@@ -105,6 +106,10 @@ log "Kafka jars in $libs ($(cat "$libs/.kafka-version" 2>/dev/null || echo '?'))
 # A real kube-apiserver (built from the Go module proxy, with Debian's etcd) for the kube
 # Lease backend's test (tests/test_kube_lease.py); ~6.5 min the first time, seconds after.
 "$here/install-kube-apiserver.sh"
+# The rest of a one-node Kubernetes (kubelet, controller-manager, scheduler, kube-proxy, kubectl,
+# CoreDNS; containerd and runc from Debian) for installing the chart for real
+# (tests/test_chart_on_kubernetes.py); ~6 min the first time after the API server, seconds after.
+"$here/install-kube-node.sh"
 # helm and kubernetes-validate for the chart's tests (tests/test_deploy.py).
 bash "$here/install-deploy-deps.sh"
 # franz-go's kgo test binary for the client-suite ratchet (tests/test_client_suites.py):

@@ -41,6 +41,8 @@ pub struct Env {
     /// Bytes one shard's buffer registration needs (the probe's buffer).
     pub buffer_bytes: u64,
     pub kernel: String,
+    /// The real user id, to which the kernel charges locked memory.
+    pub uid: u32,
 }
 
 /// The sizes glommio actually registers: page-aligned, at least 64 KiB.
@@ -57,8 +59,21 @@ fn mib(b: u64) -> String {
 }
 
 fn memlock_fix(env: &Env) -> String {
+    // The charge is per user id, summed over every process of that user on the machine: when
+    // the buffer alone fits the limit, other processes of this uid hold the rest (in Kubernetes,
+    // typically another broker pod with the same runAsUser on the same node).
+    let shared = if env.memlock != u64::MAX && env.buffer_bytes <= env.memlock {
+        format!(
+            ", so other processes of user id {} on this machine already hold the rest: locked memory is charged \
+             per user id, and several brokers with the same user id on one node (one Kubernetes node, the same \
+             runAsUser) share one limit. Run one broker per node (Helm value podAntiAffinity=hard, the default) or",
+            env.uid
+        )
+    } else {
+        ".".into()
+    };
     format!(
-        "RLIMIT_MEMLOCK is too small: the limit is {} ({} bytes) and one shard's io_uring buffer needs {} ({} bytes). \
+        "RLIMIT_MEMLOCK is too small: the limit is {} ({} bytes) and one shard's io_uring buffer needs {} ({} bytes){shared} \
          Fix one of: give the container CAP_IPC_LOCK (Helm value ioUring.ipcLock=true), raise the memlock limit \
          (`ulimit -l`, or LimitMEMLOCK= for the container runtime's service), or lower --io-memory-bytes / KAAS_IO_MEMORY_BYTES",
         mib(env.memlock),
@@ -329,6 +344,8 @@ pub fn check(io_memory_bytes: usize, shards: usize) -> anyhow::Result<()> {
         },
         buffer_bytes: glommio_buffer_bytes(io_memory_bytes),
         kernel: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_else(|| "?".into()),
+        // SAFETY: getuid has no preconditions and cannot fail.
+        uid: unsafe { libc::getuid() },
     };
     if env.memlock < GLOMMIO_MIN_MEMLOCK {
         anyhow::bail!(
@@ -359,6 +376,7 @@ mod tests {
             memlock: 8 << 20,
             buffer_bytes: 2 << 20,
             kernel: "6.18.0".into(),
+            uid: 10001,
         }
     }
 
@@ -426,6 +444,19 @@ mod tests {
             m.contains("CAP_IPC_LOCK") && m.contains("--io-memory-bytes"),
             "{m}"
         );
+        assert!(!m.contains("other processes"), "{m}");
+    }
+
+    /// A 2 MiB buffer refused under an 8 MiB limit: the rest is held by other processes of the
+    /// same user id (a second broker pod with the same runAsUser on the node). Found on a real
+    /// kubelet (tests/test_chart_on_kubernetes.py), where the message only said the limit was
+    /// too small although it was four times the buffer.
+    #[test]
+    fn enomem_below_the_limit_names_the_per_user_charge() {
+        let m = explain(Stage::Register, libc::ENOMEM, &env());
+        assert!(m.contains("other processes of user id 10001"), "{m}");
+        assert!(m.contains("podAntiAffinity=hard"), "{m}");
+        assert!(m.contains("ioUring.ipcLock=true"), "{m}");
     }
 
     #[test]

@@ -1,13 +1,14 @@
 """Deployment checks (issue 7): the Helm chart in deploy/helm/kaas, its seccomp profile, the
 container image definition, and the broker's io_uring start-up check.
 
-No Kubernetes cluster or Docker engine runs here, so the chart is rendered with `helm template`
-(and `helm lint`), every rendered object is validated offline against the Kubernetes schemas
+The chart is rendered with `helm template` (and `helm lint`) in every shape of ci/*.yaml,
+every rendered object is validated offline against the Kubernetes schemas
 (`kubernetes-validate --strict`), and the rendered objects are asserted on. The seccomp profile
 and the memlock sizing are exercised for real: the kaas binary is started under the profile
 (loaded with libseccomp) and as a non-root user with a pod-like RLIMIT_MEMLOCK. The chart's
 hooks (issue 15) run for real too: the `helm test` pod's script and the topic Job's script are
-taken from the rendering and run against a kaas broker on loopback.
+taken from the rendering and run against a kaas broker on loopback. Installing the chart on a
+real kubelet is tests/test_chart_on_kubernetes.py.
 
 Tools come from scripts/install-deploy-deps.sh (CI runs it). Without it and without helm on
 PATH the chart tests skip; once the script has run, a missing tool fails them.

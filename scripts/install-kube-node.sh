@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# scripts/install-kube-node.sh — what a one-node Kubernetes needs besides the API server, for
+# installing the Helm chart for real (tests/kube_node.py, tests/test_chart_on_kubernetes.py).
+# Run after scripts/install-kube-apiserver.sh (etcd, kube-apiserver). Idempotent: when
+# everything is there it only says so.
+#
+#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl
+#           built from the Go module proxy: k8s.io/kubernetes $KAAS_KUBE_VERSION (the API
+#           server's version, default 1.36.3), through a throwaway module as
+#           install-kube-apiserver.sh builds the API server -> $KAAS_KUBE_DIR/
+#   coredns CoreDNS $KAAS_COREDNS_VERSION (default v1.15.0), `go install` from the module proxy
+#   apt     containerd and runc (the container runtime), containernetworking-plugins (the CNI
+#           bridge), busybox-static (the shell in the test images), iptables (kube-proxy)
+#
+# Cost on the project's 2-core machine, after install-kube-apiserver.sh filled the Go build
+# cache: ~3 min for the five Kubernetes commands, ~3 min for CoreDNS; ~420 MB of binaries.
+# Every Go step runs under `nice -n 19`.
+#
+# Environment:
+#   KAAS_KUBE_DIR          where the binaries go, default $HOME/.cache/kaas/kube
+#   KAAS_KUBE_VERSION      Kubernetes version, default 1.36.3
+#   KAAS_COREDNS_VERSION   default v1.15.0
+#   KAAS_SKIP_APT=1        do not apt-get (the packages must then be installed already)
+set -euo pipefail
+
+kube_dir="${KAAS_KUBE_DIR:-$HOME/.cache/kaas/kube}"
+version="${KAAS_KUBE_VERSION:-1.36.3}"
+version="${version#v}"
+coredns_version="${KAAS_COREDNS_VERSION:-v1.15.0}"
+build_dir="$HOME/.cache/kaas/kube-node-build"
+commands=(kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
+
+log_name=install-kube-node
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+mkdir -p "$kube_dir"
+
+# -- Debian packages ---------------------------------------------------------------------------
+need=()
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[[ -x /usr/lib/cni/bridge ]] || need+=(containernetworking-plugins)
+/bin/busybox --list 2>/dev/null | grep -qx sh || need+=(busybox-static)
+command -v iptables >/dev/null || need+=(iptables)
+if [[ ${#need[@]} -gt 0 ]]; then
+    [[ "${KAAS_SKIP_APT:-0}" == 1 ]] && { log "missing ${need[*]} and KAAS_SKIP_APT=1"; exit 1; }
+    log "apt-get install ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    retry apt-get update -qq
+    retry apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # Debian starts a containerd service where systemd runs; the tests start their own, with
+    # their own socket and directories, so it does not matter.
+fi
+
+# -- the Kubernetes commands -----------------------------------------------------------------------
+present=1
+for c in "${commands[@]}"; do
+    [[ -x "$kube_dir/$c" ]] || present=0
+done
+if [[ $present == 1 && "$(cat "$kube_dir/kube-node.version" 2>/dev/null)" == "$version" ]]; then
+    log "${commands[*]} $version present in $kube_dir"
+else
+    command -v go >/dev/null || { log "the Go toolchain is needed to build ${commands[*]}"; exit 1; }
+    staging_version="v0.${version#1.}"
+    log "building ${commands[*]} $version in $build_dir"
+    rm -rf "$build_dir"
+    mkdir -p "$build_dir"
+    cd "$build_dir"
+    retry nice -n 19 go mod download -json "k8s.io/kubernetes@v$version" > kubernetes.json
+    k8s_mod="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kubernetes.json)"
+    {
+        echo "module kaas.local/kube-node-build"
+        echo
+        grep -m1 '^go ' "$k8s_mod"
+        echo
+        echo "require k8s.io/kubernetes v$version"
+        echo
+        echo "replace ("
+        sed -n '/^replace (/,/^)/p' "$k8s_mod" | grep '=> \./staging/' \
+            | awk -v v="$staging_version" '{ print "\t" $1 " => " $1 " " v }'
+        echo ")"
+    } > go.mod
+    {
+        echo "//go:build tools"
+        echo
+        echo "package tools"
+        echo
+        echo "import ("
+        for c in "${commands[@]}"; do
+            echo "	_ \"k8s.io/kubernetes/cmd/$c\""
+        done
+        echo ")"
+    } > tools.go
+    start=$(date +%s)
+    retry nice -n 19 go mod tidy
+    minor="${version#1.}"; minor="${minor%%.*}"
+    ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $pkg.gitVersion=v$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+        ldflags+=" -X $pkg.gitTreeState=clean"
+    done
+    for c in "${commands[@]}"; do
+        nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$kube_dir/$c.tmp" \
+            "k8s.io/kubernetes/cmd/$c"
+        mv "$kube_dir/$c.tmp" "$kube_dir/$c"
+    done
+    echo "$version" > "$kube_dir/kube-node.version"
+    log "built in $(( $(date +%s) - start ))s"
+    cd /
+    rm -rf "$build_dir"
+fi
+
+# -- CoreDNS -----------------------------------------------------------------------------------
+if [[ -x "$kube_dir/coredns" && "$(cat "$kube_dir/coredns.version" 2>/dev/null)" == "$coredns_version" ]]; then
+    log "coredns $coredns_version present in $kube_dir"
+else
+    log "building coredns $coredns_version"
+    start=$(date +%s)
+    GOBIN="$kube_dir" retry nice -n 19 go install -trimpath -ldflags "-s -w" \
+        "github.com/coredns/coredns@$coredns_version"
+    echo "$coredns_version" > "$kube_dir/coredns.version"
+    log "built in $(( $(date +%s) - start ))s"
+fi

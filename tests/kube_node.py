@@ -1,0 +1,552 @@
+"""A one-node Kubernetes on this machine, for installing the Helm chart for real
+(tests/test_chart_on_kubernetes.py).
+
+Every part is the real one, built or installed by scripts/install-kube-node.sh: etcd and
+kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet on Debian's containerd and
+runc, kube-proxy (iptables mode) and CoreDNS. No image registry is reachable, so the images are
+built here from files on this machine (`oci_image`) and imported into containerd: the kaas
+binary under test, a kcat image for the chart's `helm test` pod, and the pod sandbox's `pause`.
+
+Networking: the CNI bridge `kaas-k8s0` is created first with the address 10.244.0.1/24, and the
+API server, the kubelet and CoreDNS listen on that address only: the pods reach them through
+their gateway and nothing outside this machine does. kube-proxy's Services are 10.96.0.0/24.
+
+What this machine forces, and why:
+- containerd's CRI plugin runs with `restrict_oom_score_adj`: the VM withholds CAP_SYS_RESOURCE
+  from root, so runc could not give the pod sandbox the oom_score_adj of -998 the kubelet asks.
+- The kubelet runs on cgroup v1 (`failCgroupV1: false`) with the cgroupfs driver.
+- Its root directory is /var/lib/kubelet, because the chart installs its seccomp profile to
+  /var/lib/kubelet/seccomp, where kubelets look for `Localhost` profiles.
+
+Only one node runs at a time on a machine (the bridge, the kubelet's directory and kube-proxy's
+iptables chains are per machine); `close` removes all of them.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from conftest import free_port
+
+BRIDGE = "kaas-k8s0"
+NODE_IP = "10.244.0.1"
+POD_CIDR = "10.244.0.0/24"
+SERVICE_CIDR = "10.96.0.0/24"
+API_SERVICE_IP = "10.96.0.1"
+NODE_NAME = "kaas-node"
+KUBELET_ROOT = Path("/var/lib/kubelet")
+# Written into KUBELET_ROOT: what a killed run left there may be removed by the next.
+MARKER = KUBELET_ROOT / ".kaas-test-node"
+# The containerd socket's name, by which its shims are found (see _clean_machine).
+SOCKET_NAME = "kaas-test-containerd.sock"
+KUBE_DIR = Path(os.environ.get("KAAS_KUBE_DIR", Path.home() / ".cache" / "kaas" / "kube"))
+START_TIMEOUT_S = 180.0
+BINARIES = ["kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
+            "kube-proxy", "coredns", "etcd"]
+
+
+def missing() -> list[str]:
+    """What this machine lacks to run a node (empty when it can)."""
+    lacking = [str(KUBE_DIR / b) for b in BINARIES if not os.access(KUBE_DIR / b, os.X_OK)]
+    lacking += [tool for tool in ("containerd", "runc", "ctr", "iptables", "ip")
+                if shutil.which(tool) is None]
+    if not Path("/usr/lib/cni/bridge").exists():
+        lacking.append("/usr/lib/cni/bridge (containernetworking-plugins)")
+    if os.geteuid() != 0:
+        lacking.append("root")
+    # The node takes over the machine's kubelet directory and KUBE-* iptables chains: never on a
+    # machine that runs Kubernetes of its own.
+    for other in ("kubelet", "kube-proxy"):
+        if _run("pgrep", "-x", other, check=False).returncode == 0:
+            lacking.append(f"a machine without a {other} of its own (one is running)")
+    if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()) and not MARKER.exists():
+        lacking.append(f"a machine whose {KUBELET_ROOT} is not another kubelet's")
+    return lacking
+
+
+# -- images -------------------------------------------------------------------------------------
+
+def _ldd(binary: str) -> list[str]:
+    # ldd exits 1 for a static executable ("not a dynamic executable"): no libraries then
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    libs = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            libs.append(parts[2])
+        elif parts and parts[0].startswith("/"):
+            libs.append(parts[0])
+    return libs
+
+
+class Layer:
+    """One image layer: a tar of files taken from this machine."""
+
+    def __init__(self):
+        self._buf = io.BytesIO()
+        self._tar = tarfile.open(fileobj=self._buf, mode="w", format=tarfile.PAX_FORMAT)
+        self._dirs: set[str] = set()
+
+    def _parents(self, path: str) -> None:
+        parts = path.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if d not in self._dirs:
+                self.directory("/" + d)
+
+    def directory(self, path: str, mode: int = 0o755, owner: int = 0) -> None:
+        self._parents(path)
+        self._dirs.add(path.strip("/"))
+        info = tarfile.TarInfo(path.strip("/"))
+        info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, owner, owner
+        self._tar.addfile(info)
+
+    def data(self, path: str, content: bytes, mode: int = 0o644,
+             xattrs: dict[str, bytes] | None = None) -> None:
+        self._parents(path)
+        info = tarfile.TarInfo(path.strip("/"))
+        info.size, info.mode = len(content), mode
+        if xattrs:
+            # PAX records, as docker and buildah write them; containerd applies them on unpack.
+            info.pax_headers = {f"SCHILY.xattr.{k}": v.decode("utf-8", "surrogateescape")
+                                for k, v in xattrs.items()}
+        self._tar.addfile(info, io.BytesIO(content))
+
+    def file(self, path: str, host: str, xattrs: dict[str, bytes] | None = None) -> None:
+        self.data(path, Path(host).read_bytes(), os.stat(host).st_mode & 0o7777, xattrs)
+
+    def program(self, path: str, host: str, xattrs: dict[str, bytes] | None = None) -> None:
+        """A dynamically linked program and the libraries ldd finds for it."""
+        self.file(path, host, xattrs)
+        for lib in _ldd(host):
+            if lib.strip("/") not in self._dirs:
+                self.file(lib, os.path.realpath(lib))
+
+    def busybox(self, applets: list[str]) -> None:
+        """Debian's busybox as /bin/sh and the given applets (with its libraries, if the
+        machine's busybox is not the static one)."""
+        self.program("/bin/busybox", "/bin/busybox")
+        for applet in applets:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            self._tar.addfile(info)
+
+    def close(self) -> bytes:
+        self._tar.close()
+        return self._buf.getvalue()
+
+
+def oci_image(dest: Path, name: str, layer: Layer, config: dict) -> Path:
+    """Write `layer` as a one-layer OCI image archive named `name` (for `ctr images import`)."""
+    content = layer.close()
+    with tarfile.open(dest, "w") as out:
+        def blob(data: bytes) -> dict:
+            digest = hashlib.sha256(data).hexdigest()
+            info = tarfile.TarInfo(f"blobs/sha256/{digest}")
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+            return {"digest": f"sha256:{digest}", "size": len(data)}
+
+        layer_ref = blob(content)
+        config_ref = blob(json.dumps({
+            "architecture": "amd64", "os": "linux", "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [layer_ref["digest"]]}}).encode())
+        manifest_ref = blob(json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_ref},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        **layer_ref}]}).encode())
+        index = {"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_ref,
+            "annotations": {"io.containerd.image.name": name,
+                            "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}]}
+        for fname, data in (("index.json", json.dumps(index).encode()),
+                            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')):
+            info = tarfile.TarInfo(fname)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return dest
+
+
+# The file capability the Dockerfile sets on the binary (`setcap cap_ipc_lock=p`): a version-2
+# security.capability xattr with CAP_IPC_LOCK (14) permitted and nothing inheritable.
+CAP_IPC_LOCK_PERMITTED = struct.pack("<IIIII", 0x02000000, 1 << 14, 0, 0, 0)
+
+
+def kaas_image(dest: Path, kaas_binary: Path) -> Path:
+    """What deploy/Dockerfile builds, from the binary under test: /usr/local/bin/kaas with
+    cap_ipc_lock=p, user 10001 owning /data, its environment and entrypoint. A static busybox
+    stands in for Debian-slim's shell and coreutils, which the chart's seccomp installer uses."""
+    layer = Layer()
+    layer.data("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"
+                              b"kaas:x:10001:10001::/data:/usr/sbin/nologin\n")
+    layer.data("/etc/group", b"root:x:0:\nkaas:x:10001:\n")
+    layer.directory("/data", 0o750, owner=10001)
+    layer.directory("/tmp", 0o1777)
+    layer.program("/usr/local/bin/kaas", str(kaas_binary),
+                  xattrs={"security.capability": CAP_IPC_LOCK_PERMITTED})
+    layer.busybox(["sh", "cp", "mv", "rm", "mkdir", "cat", "cmp", "ls", "sleep", "echo", "test"])
+    return oci_image(dest, "docker.io/library/kaas:test", layer, {
+        "Entrypoint": ["/usr/local/bin/kaas"], "User": "10001:10001", "WorkingDir": "/data",
+        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "KAAS_LISTEN=0.0.0.0:9092",
+                "KAAS_HEALTH_LISTEN=0.0.0.0:8080", "KAAS_DATA_DIR=/data"]})
+
+
+def kcat_image(dest: Path, name: str) -> Path:
+    """Debian's kcat and a shell: what the chart's `helm test` pod runs."""
+    layer = Layer()
+    layer.program("/usr/bin/kcat", shutil.which("kcat") or "/usr/bin/kcat")
+    layer.busybox(["sh", "date", "od", "tr", "grep", "printf", "echo", "cat"])
+    layer.directory("/tmp", 0o1777)
+    return oci_image(dest, name, layer, {"Entrypoint": ["/usr/bin/kcat"],
+                                         "Env": ["PATH=/usr/bin:/bin"]})
+
+
+def pause_image(dest: Path, workdir: Path) -> Path:
+    """The pod sandbox's process: waits for a signal (a static C program built here)."""
+    src = workdir / "pause.c"
+    src.write_text("#include <signal.h>\n#include <unistd.h>\n"
+                   "static void bye(int s) { (void)s; _exit(0); }\n"
+                   "int main(void) { signal(SIGTERM, bye); signal(SIGINT, bye);"
+                   " for (;;) pause(); }\n")
+    subprocess.run(["cc", "-static", "-O2", "-o", str(workdir / "pause"), str(src)], check=True)
+    layer = Layer()
+    layer.file("/pause", str(workdir / "pause"))
+    return oci_image(dest, "kaas.local/pause:1", layer, {"Entrypoint": ["/pause"]})
+
+
+def _remove_kube_chains() -> None:
+    """Remove the KUBE-* iptables chains kube-proxy and the kubelet create (the kubelet's
+    KUBE-FIREWALL, hooked into INPUT and OUTPUT, stays behind otherwise)."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            rules = _run(tool, "-t", table, "-S", check=False).stdout.splitlines()
+            for rule in rules:
+                parts = shlex.split(rule)  # comments are quoted
+                # a built-in chain's rule that jumps into a KUBE- chain
+                if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and \
+                        any(p.startswith("KUBE-") for p in parts[2:]):
+                    _run(tool, "-t", table, "-D", *parts[1:], check=False)
+            chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
+            for chain in chains:
+                _run(tool, "-t", table, "-F", chain, check=False)
+            for chain in chains:
+                _run(tool, "-t", table, "-X", chain, check=False)
+
+
+# -- the node -----------------------------------------------------------------------------------
+
+def _run(*cmd, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=check,
+                          timeout=timeout, **kw)
+
+
+class KubeNode:
+    """etcd, the control plane, a kubelet on containerd, kube-proxy and CoreDNS, all under
+    `root` (logs in root/logs). Use as a context manager."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.logs = root / "logs"
+        self.pki = root / "pki"
+        self.kubeconfig = root / "kubeconfig"
+        self.containerd_sock = root / SOCKET_NAME
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.api_port = free_port()
+        self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def __enter__(self) -> "KubeNode":
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- processes
+    def _spawn(self, name: str, cmd: list) -> None:
+        log = open(self.logs / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, cwd=self.root)
+        log.close()
+
+    def _wait(self, what: str, ready, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({p.returncode}) while waiting for {what}:"
+                                       f"\n{self.log_tail(name)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} not ready within {timeout:.0f}s")
+            time.sleep(0.5)
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.logs / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    # -- start
+    def start(self) -> None:
+        if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0 or MARKER.exists():
+            # what a killed run left (close() removes all of it)
+            self._clean_machine()
+        for d in (self.logs, self.pki, KUBELET_ROOT):
+            d.mkdir(parents=True, exist_ok=True)
+        MARKER.write_text("made by kaas tests/kube_node.py\n")
+        self._network()
+        self._credentials()
+        self._control_plane()
+        self._containerd()
+        self._kubelet_and_proxy()
+        self._coredns()
+        self._wait("node Ready", lambda: '"Ready"' in self.kubectl(
+            "get", "node", NODE_NAME, "-o",
+            "jsonpath={range .status.conditions[?(@.status==\"True\")]}\"{.type}\"{end}",
+            check=False))
+
+    def _network(self) -> None:
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        _run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+        # Pods reach each other and Services through the bridge; br_netfilter makes the bridged
+        # traffic pass kube-proxy's iptables rules (hairpin: a pod to a Service backed by itself).
+        if shutil.which("modprobe"):
+            _run("modprobe", "br_netfilter", check=False)
+        for key in ("net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables"):
+            path = Path("/proc/sys") / key
+            if path.exists():
+                path.write_text("1\n")
+
+    def _credentials(self) -> None:
+        pki = self.pki
+        ext = pki / "apiserver.ext"
+        ext.write_text(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\n"
+            f"subjectAltName=IP:{NODE_IP},IP:{API_SERVICE_IP},IP:127.0.0.1,DNS:kubernetes,"
+            "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+            "DNS:kubernetes.default.svc.cluster.local\n")
+        for cmd in (
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=kaas-test-ca", "-keyout", pki / "ca.key", "-out", pki / "ca.crt",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
+             "-keyout", pki / "apiserver.key", "-out", pki / "apiserver.csr"],
+            ["openssl", "x509", "-req", "-in", pki / "apiserver.csr", "-CA", pki / "ca.crt",
+             "-CAkey", pki / "ca.key", "-CAcreateserial", "-days", "2", "-extfile", ext,
+             "-out", pki / "apiserver.crt"],
+            ["openssl", "genrsa", "-out", pki / "sa.key", "2048"],
+            ["openssl", "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub"],
+        ):
+            _run(*cmd)
+        token = secrets.token_hex(24)
+        (pki / "tokens.csv").write_text(f'{token},kaas-admin,kaas-admin-uid,"system:masters"\n')
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "node", "cluster": {
+                "server": f"https://{NODE_IP}:{self.api_port}",
+                "certificate-authority": str(pki / "ca.crt")}}],
+            "users": [{"name": "admin", "user": {"token": token}}],
+            "contexts": [{"name": "node", "context": {"cluster": "node", "user": "admin",
+                                                      "namespace": "default"}}]}))
+        os.chmod(self.kubeconfig, 0o600)
+
+    def _control_plane(self) -> None:
+        etcd_port, peer_port = free_port(), free_port()
+        self._spawn("etcd", [
+            KUBE_DIR / "etcd", "--name", "node", "--data-dir", self.root / "etcd",
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"node=http://127.0.0.1:{peer_port}",
+            "--logger", "zap", "--log-level", "warn"])
+        pki = self.pki
+        self._spawn("kube-apiserver", [
+            KUBE_DIR / "kube-apiserver", "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", NODE_IP, "--advertise-address", NODE_IP,
+            "--secure-port", self.api_port, "--cert-dir", pki / "certs",
+            "--tls-cert-file", pki / "apiserver.crt", "--tls-private-key-file", pki / "apiserver.key",
+            "--client-ca-file", pki / "ca.crt", "--token-auth-file", pki / "tokens.csv",
+            "--authorization-mode", "RBAC",
+            "--service-account-issuer", "https://kubernetes.default.svc",
+            "--service-account-key-file", pki / "sa.pub",
+            "--service-account-signing-key-file", pki / "sa.key",
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            # the kubelet's name does not resolve here; its address does
+            "--kubelet-preferred-address-types", "InternalIP",
+            "--profiling=false", "--v", "1"])
+        self._wait("kube-apiserver", lambda: self.kubectl("get", "--raw", "/readyz",
+                                                          check=False).strip() == "ok")
+        common = ["--kubeconfig", self.kubeconfig, "--authentication-kubeconfig", self.kubeconfig,
+                  "--authorization-kubeconfig", self.kubeconfig, "--leader-elect=false",
+                  "--bind-address", "127.0.0.1", "--v", "1"]
+        self._spawn("kube-controller-manager", [
+            KUBE_DIR / "kube-controller-manager", *common, "--secure-port", free_port(),
+            "--service-account-private-key-file", pki / "sa.key",
+            "--root-ca-file", pki / "ca.crt", "--use-service-account-credentials=false"])
+        self._spawn("kube-scheduler", [KUBE_DIR / "kube-scheduler", *common,
+                                       "--secure-port", free_port()])
+
+    def _containerd(self) -> None:
+        cni = self.root / "cni"
+        cni.mkdir(exist_ok=True)
+        (cni / "10-kaas.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "kaas-test", "plugins": [
+                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "hairpinMode": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                          "routes": [{"dst": "0.0.0.0/0"}],
+                          "dataDir": str(self.root / "cni-ipam")}},
+                {"type": "portmap", "capabilities": {"portMappings": True}}]}))
+        config = self.root / "containerd.toml"
+        config.write_text(f"""version = 2
+root = "{self.root}/containerd/root"
+state = "{self.root}/containerd/state"
+[grpc]
+  address = "{self.containerd_sock}"
+[ttrpc]
+  address = "{self.containerd_sock}.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "kaas.local/pause:1"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+""")
+        self._spawn("containerd", ["containerd", "--config", config])
+        self._wait("containerd", lambda: self.ctr("version", check=False).returncode == 0, 60)
+        images = self.root / "images"
+        images.mkdir(exist_ok=True)
+        self.import_image(pause_image(images / "pause.tar", images))
+
+    def _kubelet_and_proxy(self) -> None:
+        config = self.root / "kubelet.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": NODE_IP, "port": free_port(), "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
+            # The API server reaches the kubelet (logs, exec) without a client certificate;
+            # the kubelet listens on the node's bridge address only.
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
+            "clusterDomain": "cluster.local", "clusterDNS": [NODE_IP],
+            "resolvConf": "/etc/resolv.conf",
+            # a test machine's disk may be fuller than a node's: never evict for it here
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99}))
+        self._spawn("kubelet", [
+            KUBE_DIR / "kubelet", "--config", config, "--kubeconfig", self.kubeconfig,
+            "--hostname-override", NODE_NAME, "--node-ip", NODE_IP,
+            "--node-labels", "topology.kubernetes.io/zone=zone-a",
+            "--root-dir", KUBELET_ROOT, "--v", "1"])
+        self._spawn("kube-proxy", [
+            KUBE_DIR / "kube-proxy", "--kubeconfig", self.kubeconfig,
+            "--hostname-override", NODE_NAME, "--proxy-mode", "iptables",
+            "--cluster-cidr", POD_CIDR, "--conntrack-max-per-core", "0",
+            "--metrics-bind-address", f"127.0.0.1:{free_port()}",
+            "--healthz-bind-address", f"127.0.0.1:{free_port()}", "--v", "1"])
+
+    def _coredns(self) -> None:
+        corefile = self.root / "Corefile"
+        corefile.write_text(f""".:53 {{
+    bind {NODE_IP}
+    errors
+    kubernetes cluster.local in-addr.arpa {{
+        kubeconfig {self.kubeconfig} node
+        pods insecure
+        fallthrough in-addr.arpa
+    }}
+    cache 5
+}}
+""")
+        self._spawn("coredns", [KUBE_DIR / "coredns", "-conf", corefile])
+
+    # -- use
+    def kubectl(self, *args, check: bool = True, timeout: float = 60, stdin: str | None = None
+                ) -> str:
+        p = _run(KUBE_DIR / "kubectl", *args, check=False, timeout=timeout, env=self.env, input=stdin)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(map(str, args))}: {p.stderr.strip()}")
+        return p.stdout
+
+    def server_version(self) -> str:
+        version = json.loads(self.kubectl("version", "-o", "json"))
+        return version["serverVersion"]["gitVersion"]
+
+    def ctr(self, *args, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        return _run("ctr", "--address", self.containerd_sock, "-n", "k8s.io", *args,
+                    check=check, timeout=timeout)
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", archive)
+
+    def apply(self, objects: list[dict]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": objects}))
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        args = ["logs", "-n", namespace, pod] + (["-c", container] if container else [])
+        return self.kubectl(*args, check=False)
+
+    # -- stop
+    def close(self) -> None:
+        """Stop every pod, then every process, and remove what they left on the machine."""
+        if "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
+            # Deleting the pods lets the kubelet stop them and their networks through CNI.
+            self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=5",
+                         "--wait=true", "--timeout=60s", check=False, timeout=90)
+        for name in ("kube-scheduler", "kube-controller-manager", "coredns", "kubelet",
+                     "kube-proxy", "containerd", "kube-apiserver", "etcd"):
+            p = self.procs.get(name)
+            if p is None or p.poll() is not None:
+                continue
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=15)
+        self._clean_machine()
+
+    def _clean_machine(self) -> None:
+        # containers the kubelet did not stop: their shims outlive containerd
+        _run("pkill", "-KILL", "-f", f"containerd-shim-runc-v2 .*-address .*/{SOCKET_NAME}",
+             check=False)
+        _remove_kube_chains()
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        roots = (str(KUBELET_ROOT) + "/", str(self.root) + "/", "/run/netns/cni-",
+                 "/var/run/netns/cni-")
+        # the kubelet makes its own root a mount too
+        ours = [m for m in mounts if m.startswith(roots) or m == str(KUBELET_ROOT)]
+        for m in sorted(ours, key=len, reverse=True):
+            _run("umount", "-l", m, check=False)
+        for netns in Path("/run/netns").glob("cni-*") if Path("/run/netns").exists() else []:
+            netns.unlink(missing_ok=True)
+        _run("ip", "link", "del", BRIDGE, check=False)
+        if MARKER.exists():
+            shutil.rmtree(KUBELET_ROOT, ignore_errors=True)

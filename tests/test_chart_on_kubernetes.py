@@ -1,0 +1,313 @@
+"""The Helm chart installed on a real one-node Kubernetes (tests/kube_node.py): the kubelet runs
+the broker pods on containerd and runc, from an image of the binary under test, under the
+chart's seccomp profile, with a PersistentVolume, Services through kube-proxy and names through
+CoreDNS. What `helm template` and the schemas cannot show (tests/test_deploy.py): that the pods
+start and become ready, that `helm test` produces and consumes through the client Service, that
+the data outlives a pod, and that cluster mode elects a controller through the real Lease API
+and survives losing a broker.
+
+Needs root and the binaries of scripts/install-kube-apiserver.sh and
+scripts/install-kube-node.sh (the test command's installer runs both); without them the tests
+skip and say what is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import kube_node
+from conftest import kaas_bin, report
+
+CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "kaas"
+RELEASE = "kaas"
+STORAGE_CLASS = "kaas-test"
+# What every install sets: the images built here (no registry), and requests a 2-core node fits.
+BASE_VALUES = {
+    "image": {"repository": "docker.io/library/kaas", "tag": "test", "pullPolicy": "Never"},
+    "tests": {"image": {"pullPolicy": "Never"}},
+    "persistence": {"storageClass": STORAGE_CLASS, "size": "1Gi"},
+    "shards": 1,
+    "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+}
+INSTALL_TIMEOUT = "240s"
+
+
+def _helm_binary() -> str | None:
+    from test_deploy import _helm_path
+    return _helm_path()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    if os.environ.get("KAAS_TEST_BOOTSTRAP") or os.environ.get("KAAS_TEST_APACHE_KAFKA", "") not in ("", "0"):
+        pytest.skip("installs the kaas binary under test")
+    lacking = kube_node.missing()
+    helm = _helm_binary()
+    if helm is None:
+        lacking.append("helm (scripts/install-deploy-deps.sh)")
+    if lacking:
+        pytest.skip("no Kubernetes node can run here: missing " + ", ".join(lacking)
+                    + " (scripts/install-kube-apiserver.sh, scripts/install-kube-node.sh)")
+    root = tmp_path_factory.mktemp("kube")
+    started = time.monotonic()
+    with kube_node.KubeNode(root) as n:
+        report(f"chart on Kubernetes: one-node Kubernetes {n.server_version()} ready in"
+               f" {time.monotonic() - started:.0f}s")
+        images = root / "images"
+        n.import_image(kube_node.kaas_image(images / "kaas.tar", kaas_bin()))
+        n.import_image(kube_node.kcat_image(images / "kcat.tar", _kcat_image_name()))
+        n.helm_binary = helm
+        yield n
+
+
+@pytest.fixture
+def release(node):
+    """The release name; whatever a test installed under it is removed afterwards, passed or
+    not, with its claims, so the next test starts on an empty node."""
+    yield RELEASE
+    subprocess.run([node.helm_binary, "uninstall", RELEASE, "--wait", "--timeout", "120s"],
+                   capture_output=True, env=node.env, timeout=180)
+    node.kubectl("delete", "pvc", "--all", "--wait=true", "--timeout=60s", check=False,
+                 timeout=90)
+    node.kubectl("delete", "pods", "--all", "--wait=true", "--timeout=60s", check=False,
+                 timeout=90)
+
+
+def _kcat_image_name() -> str:
+    import yaml
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    image = values["tests"]["image"]
+    return f"docker.io/{image['repository']}:{image['tag']}"
+
+
+def _values(tmp: Path, extra: dict) -> Path:
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+    path = tmp / "values.json"
+    path.write_text(json.dumps(merge(BASE_VALUES, extra)))
+    return path
+
+
+def helm(node: kube_node.KubeNode, *args, timeout: float = 300) -> str:
+    p = subprocess.run([node.helm_binary, *map(str, args)], capture_output=True, text=True,
+                       env=node.env, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"helm {' '.join(map(str, args))} failed:\n{p.stdout}\n{p.stderr}"
+                             f"\n{describe(node)}")
+    return p.stdout + p.stderr
+
+
+def describe(node: kube_node.KubeNode) -> str:
+    """What someone on call would look at: the pods, recent events, the brokers' logs."""
+    out = [node.kubectl("get", "pods,pvc,svc", "-o", "wide", check=False),
+           node.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False)[-3000:]]
+    pods = node.kubectl("get", "pods", "-o", "name", check=False).split()
+    for pod in pods:
+        out.append(f"--- logs of {pod}\n" + node.kubectl("logs", pod, "--all-containers",
+                                                         "--tail=30", check=False))
+    return "\n".join(out)
+
+
+def persistent_volume(node: kube_node.KubeNode, name: str, modes: list[str]) -> dict:
+    """A hostPath volume of this machine's disk, owned by the image's user (10001)."""
+    path = node.root / name
+    path.mkdir()
+    os.chown(path, 10001, 10001)
+    path.chmod(0o750)
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": modes,
+                     "storageClassName": STORAGE_CLASS,
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(path), "type": "Directory"}}}
+
+
+def kcat(node: kube_node.KubeNode, name: str, script: str, timeout: float = 120) -> str:
+    """Run a kcat pod in the cluster with `script` (sh) and return its log; fails if it fails."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"restartPolicy": "Never", "containers": [{
+               "name": "kcat", "image": _kcat_image_name(), "imagePullPolicy": "Never",
+               "command": ["/bin/sh", "-ec", script]}]}}
+    node.apply([pod])
+    deadline = time.monotonic() + timeout
+    phase = ""
+    while time.monotonic() < deadline:
+        phase = node.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}", check=False)
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    log = node.pod_log("default", name)
+    node.kubectl("delete", "pod", name, "--wait=false", check=False)
+    assert phase == "Succeeded", f"pod {name} {phase or 'did not finish'}:\n{log}\n{describe(node)}"
+    return log
+
+
+def _healthz_brokers(node: kube_node.KubeNode, pod: str, timeout: float = 60) -> list[dict]:
+    """The brokers of the accepted assignment, from the pod's /healthz (pod IPs are reachable
+    from the node); waits until all three are in it."""
+    ip = node.kubectl("get", "pod", pod, "-o", "jsonpath={.status.podIP}").strip()
+    deadline = time.monotonic() + timeout
+    brokers: list[dict] = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=5) as r:
+            health = json.loads(r.read())
+        brokers = _find(health, "brokers") or []
+        if len(brokers) == 3:
+            return brokers
+        time.sleep(1)
+    raise AssertionError(f"/healthz of {pod} lists {brokers}")
+
+
+def _find(value, key: str):
+    if isinstance(value, dict):
+        if key in value:
+            return value[key]
+        value = list(value.values())
+    if isinstance(value, list):
+        for v in value:
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def wait_ready(node: kube_node.KubeNode, replicas: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = node.kubectl("get", "statefulset", RELEASE, "-o",
+                             "jsonpath={.status.readyReplicas}", check=False).strip()
+        if ready == str(replicas):
+            return
+        time.sleep(2)
+    raise AssertionError(f"{replicas} brokers not ready within {timeout:.0f}s\n{describe(node)}")
+
+
+def test_single_broker_installs_serves_helm_test_and_keeps_data_across_a_restart(node, release, tmp_path):
+    """The default chart (one broker, ReadWriteOnce volume): it becomes ready under the seccomp
+    profile its installer DaemonSet puts on the node, `helm test` passes, and a record produced
+    before the pod is deleted is read back from the pod the StatefulSet starts in its place."""
+    node.apply([persistent_volume(node, "pv-single", ["ReadWriteOnce"])])
+    started = time.monotonic()
+    helm(node, "install", RELEASE, CHART, "-f", _values(tmp_path, {}), "--wait",
+         "--timeout", INSTALL_TIMEOUT)
+    wait_ready(node, 1)
+    report(f"chart on Kubernetes: one broker installed and ready in {time.monotonic() - started:.0f}s")
+    profile = kube_node.KUBELET_ROOT / "seccomp" / "kaas" / "io-uring.json"
+    assert json.loads(profile.read_text()) == json.loads((CHART / "files" / "kaas-io-uring.json").read_text())
+    pod = json.loads(node.kubectl("get", "pod", f"{RELEASE}-0", "-o", "json"))
+    sc = pod["spec"]["containers"][0]["securityContext"]["seccompProfile"]
+    assert sc == {"type": "Localhost", "localhostProfile": "kaas/io-uring.json"}
+
+    out = helm(node, "test", RELEASE, "--logs", "--timeout", "120s")
+    assert "consumed it back" in out, out
+
+    bootstrap = f"{RELEASE}.default.svc:9092"
+    marker = f"kept-{time.time_ns()}"
+    kcat(node, "produce-before-restart",
+         f"echo {marker} | kcat -P -b {bootstrap} -t restart-check -X acks=all")
+    uid = pod["metadata"]["uid"]
+    node.kubectl("delete", "pod", f"{RELEASE}-0", "--wait=true", "--timeout=150s", timeout=180)
+    wait_ready(node, 1)
+    new_uid = node.kubectl("get", "pod", f"{RELEASE}-0", "-o", "jsonpath={.metadata.uid}")
+    assert new_uid != uid, "the pod was not replaced"
+    log = kcat(node, "consume-after-restart",
+               f"kcat -C -b {bootstrap} -t restart-check -o beginning -e -q")
+    assert marker in log.split(), f"{marker} not read back after the restart:\n{log}"
+
+
+def test_cluster_mode_elects_through_the_lease_and_survives_losing_a_broker(node, release, tmp_path):
+    """Three brokers in cluster mode on one ReadWriteMany volume: they elect a controller
+    through the real Lease API (in-cluster credentials of the chart's ServiceAccount and RBAC),
+    take their rack from the node's zone, pass `helm test`, lose no acknowledged record when a
+    broker is killed, and all stop well within the drain timeout when scaled to zero."""
+    node.apply([persistent_volume(node, "pv-shared", ["ReadWriteMany"])])
+    # One node: the default (one broker per node, `hard`) would leave two brokers Pending, and
+    # without CAP_IPC_LOCK the brokers' io_uring buffers, charged to their one user id, would
+    # not fit in the pods' 8 MiB RLIMIT_MEMLOCK together (the second broker refuses to start).
+    values = _values(tmp_path, {"replicaCount": 3, "podAntiAffinity": "none",
+                                "ioUring": {"ipcLock": True},
+                                "cluster": {"enabled": True, "rack": "zoneLabel"}})
+    started = time.monotonic()
+    helm(node, "install", RELEASE, CHART, "-f", values, "--wait", "--timeout", INSTALL_TIMEOUT)
+    wait_ready(node, 3)
+    report(f"chart on Kubernetes: three brokers installed and ready in"
+           f" {time.monotonic() - started:.0f}s")
+    lease = json.loads(node.kubectl("get", "lease", "kaas-controller", "-o", "json"))
+    holder = lease["spec"].get("holderIdentity", "")
+    assert holder, f"no controller holds the Lease:\n{lease}"
+    # The assignment lists every broker with the rack it read from its pod's zone label (the
+    # node's, copied by the API server), as /healthz shows from any broker.
+    brokers = _healthz_brokers(node, f"{RELEASE}-0")
+    assert sorted(b["id"] for b in brokers) == [0, 1, 2], brokers
+    assert {b["rack"] for b in brokers} == {"zone-a"}, brokers
+    out = helm(node, "test", RELEASE, "--logs", "--timeout", "120s")
+    assert "consumed it back" in out, out
+
+    bootstrap = f"{RELEASE}.default.svc:9092"
+    produce = ("for i in $(seq 1 200); do echo {tag}-$i; done | "
+               "kcat -P -b {b} -t survive -X acks=all -X enable.idempotence=true")
+    kcat(node, "produce-before-kill", produce.format(tag="before", b=bootstrap))
+    victim = f"{RELEASE}-1"
+    node.kubectl("delete", "pod", victim, "--grace-period=0", "--force", "--wait=false")
+    kcat(node, "produce-after-kill", produce.format(tag="after", b=bootstrap), timeout=180)
+    wait_ready(node, 3)
+    log = kcat(node, "consume-all", f"kcat -C -b {bootstrap} -t survive -o beginning -e -q",
+               timeout=180)
+    got = log.split()
+    for tag in ("before", "after"):
+        missing = [f"{tag}-{i}" for i in range(1, 201) if f"{tag}-{i}" not in got]
+        assert not missing, f"acknowledged but not read back: {missing[:10]}\n{describe(node)}"
+    assert len(got) == len(set(got)) == 400, f"{len(got)} records, {len(set(got))} distinct"
+
+    def brokers() -> list[str]:
+        return node.kubectl("get", "pods", "-l", "app.kubernetes.io/component=broker",
+                            "-o", "name").split()
+
+    assert len(brokers()) == 3, describe(node)
+    started = time.monotonic()
+    node.kubectl("scale", "statefulset", RELEASE, "--replicas=0")
+    deadline = started + 200
+    while brokers():
+        assert time.monotonic() < deadline, f"brokers still running\n{describe(node)}"
+        time.sleep(1)
+    stop_s = time.monotonic() - started
+    report(f"chart on Kubernetes: 3 brokers scaled to 0 stopped in {stop_s:.0f}s"
+           " (drain timeout 120s)")
+    assert stop_s < 60, f"stopping the whole cluster took {stop_s:.0f}s\n{describe(node)}"
+
+
+def test_brokers_sharing_a_node_without_ipc_lock_are_told_why_one_cannot_start(node, release, tmp_path):
+    """Three brokers on one node with the same user id and no CAP_IPC_LOCK: the kernel charges
+    their io_uring buffers to that one user, so they do not fit the pods' 8 MiB memlock limit
+    together. Started one after the other, the first registers 3 x 2 MiB, the second what is
+    left, and the third cannot register even one 2 MiB buffer: it must say that the limit is
+    shared per user id and what to change, not only that the limit is too small (it is four
+    times the buffer). Started all at once, which broker fails would be a race."""
+    node.apply([persistent_volume(node, "pv-crowded", ["ReadWriteMany"])])
+    values = _values(tmp_path, {"replicaCount": 3, "podAntiAffinity": "none",
+                                "podManagementPolicy": "OrderedReady",
+                                "cluster": {"enabled": True}})
+    helm(node, "install", RELEASE, CHART, "-f", values)
+    deadline = time.monotonic() + 180
+    logs = {}
+    while time.monotonic() < deadline:
+        logs = {pod: node.kubectl("logs", pod, "--all-containers", check=False)
+                + node.kubectl("logs", pod, "--all-containers", "--previous", check=False)
+                for pod in (f"{RELEASE}-0", f"{RELEASE}-1", f"{RELEASE}-2")}
+        if any("io_uring is not usable" in log for log in logs.values()):
+            break
+        time.sleep(2)
+    refused = [log for log in logs.values() if "io_uring is not usable" in log]
+    assert refused, f"both brokers started, or neither said why not:\n{describe(node)}"
+    message = next(line for line in refused[0].splitlines() if "io_uring is not usable" in line)
+    for expected in ("other processes of user id 10001", "podAntiAffinity=hard",
+                     "ioUring.ipcLock=true"):
+        assert expected in message, message
