@@ -64,7 +64,9 @@ mkdir -p "$build_dir"
 cd "$build_dir"
 
 # kubernetes' go.mod lists its staging modules in a replace block; pin each to the release.
-retry nice -n 19 go mod download -json "k8s.io/kubernetes@v$version" > kubernetes.json
+# inside the retried command, so a failed attempt's error JSON is not left in the file
+download_json() { nice -n 19 go mod download -json "$1" > "$2"; }
+retry download_json "k8s.io/kubernetes@v$version" kubernetes.json
 k8s_mod="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kubernetes.json)"
 go_line="$(grep -m1 '^go ' "$k8s_mod")"
 {

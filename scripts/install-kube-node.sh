@@ -67,7 +67,9 @@ else
     rm -rf "$build_dir"
     mkdir -p "$build_dir"
     cd "$build_dir"
-    retry nice -n 19 go mod download -json "k8s.io/kubernetes@v$version" > kubernetes.json
+    # inside the retried command, so a failed attempt's error JSON is not left in the file
+    download_json() { nice -n 19 go mod download -json "$1" > "$2"; }
+    retry download_json "k8s.io/kubernetes@v$version" kubernetes.json
     k8s_mod="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kubernetes.json)"
     {
         echo "module kaas.local/kube-node-build"
@@ -115,6 +117,7 @@ fi
 if [[ -x "$kube_dir/coredns" && "$(cat "$kube_dir/coredns.version" 2>/dev/null)" == "$coredns_version" ]]; then
     log "coredns $coredns_version present in $kube_dir"
 else
+    command -v go >/dev/null || { log "the Go toolchain is needed to build coredns"; exit 1; }
     log "building coredns $coredns_version"
     start=$(date +%s)
     GOBIN="$kube_dir" retry nice -n 19 go install -trimpath -ldflags "-s -w" \

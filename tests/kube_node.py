@@ -23,22 +23,29 @@ iptables chains are per machine); `close` removes all of them.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import io
 import json
 import os
 import secrets
 import shlex
+import resource
 import shutil
 import signal
 import struct
 import subprocess
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 
 from conftest import free_port
 
+PR_SET_PDEATHSIG = 1
+# The images' platform, as OCI names it.
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
 BRIDGE = "kaas-k8s0"
 NODE_IP = "10.244.0.1"
 POD_CIDR = "10.244.0.0/24"
@@ -52,6 +59,12 @@ MARKER = KUBELET_ROOT / ".kaas-test-node"
 SOCKET_NAME = "kaas-test-containerd.sock"
 KUBE_DIR = Path(os.environ.get("KAAS_KUBE_DIR", Path.home() / ".cache" / "kaas" / "kube"))
 START_TIMEOUT_S = 180.0
+# What the node changes on the machine, put back by close(): forwarding and bridge filtering
+# (pods and Services need them), and what the kubelet sets for itself at start.
+SYSCTLS = ["net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables", "vm/overcommit_memory",
+           "kernel/panic", "kernel/panic_on_oops"]
+# The memlock limit systemd >= 253 gives containerd, and so every pod (deploy/README.md).
+POD_MEMLOCK_BYTES = 8 << 20
 BINARIES = ["kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
             "kube-proxy", "coredns", "etcd"]
 
@@ -59,7 +72,8 @@ BINARIES = ["kubectl", "kube-apiserver", "kube-controller-manager", "kube-schedu
 def missing() -> list[str]:
     """What this machine lacks to run a node (empty when it can)."""
     lacking = [str(KUBE_DIR / b) for b in BINARIES if not os.access(KUBE_DIR / b, os.X_OK)]
-    lacking += [tool for tool in ("containerd", "runc", "ctr", "iptables", "ip")
+    lacking += [tool for tool in ("containerd", "runc", "ctr", "iptables", "ip", "kcat", "cc",
+                                  "openssl", "pgrep")
                 if shutil.which(tool) is None]
     if not Path("/usr/lib/cni/bridge").exists():
         lacking.append("/usr/lib/cni/bridge (containernetworking-plugins)")
@@ -67,12 +81,31 @@ def missing() -> list[str]:
         lacking.append("root")
     # The node takes over the machine's kubelet directory and KUBE-* iptables chains: never on a
     # machine that runs Kubernetes of its own.
-    for other in ("kubelet", "kube-proxy"):
-        if _run("pgrep", "-x", other, check=False).returncode == 0:
-            lacking.append(f"a machine without a {other} of its own (one is running)")
-    if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()) and not MARKER.exists():
-        lacking.append(f"a machine whose {KUBELET_ROOT} is not another kubelet's")
+    # (what a killed run of this module left is ours, and start() removes it)
+    for other in ("kubelet", "kube-proxy", "kubelite", "k3s"):
+        foreign = [pid for pid in _pids(other) if not _ours(pid)]
+        if foreign:
+            lacking.append(f"a machine without a {other} of its own (pid {foreign[0]} runs)")
+    if not MARKER.exists():
+        if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()):
+            lacking.append(f"a machine whose {KUBELET_ROOT} is not another kubelet's")
+        if shutil.which("iptables") and "-N KUBE-" in _run(
+                "iptables", "-w", "10", "-t", "nat", "-S", check=False).stdout:
+            lacking.append("a machine without another kube-proxy's KUBE-* iptables chains")
     return lacking
+
+
+def _pids(name: str) -> list[int]:
+    out = _run("pgrep", "-x", name, check=False).stdout if shutil.which("pgrep") else ""
+    return [int(p) for p in out.split()]
+
+
+def _ours(pid: int) -> bool:
+    """A process started from this module's binaries (by this run or a killed one)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).parent == KUBE_DIR.resolve()
+    except OSError:
+        return False
 
 
 # -- images -------------------------------------------------------------------------------------
@@ -97,6 +130,7 @@ class Layer:
         self._buf = io.BytesIO()
         self._tar = tarfile.open(fileobj=self._buf, mode="w", format=tarfile.PAX_FORMAT)
         self._dirs: set[str] = set()
+        self._files: set[str] = set()
 
     def _parents(self, path: str) -> None:
         parts = path.strip("/").split("/")[:-1]
@@ -115,6 +149,7 @@ class Layer:
     def data(self, path: str, content: bytes, mode: int = 0o644,
              xattrs: dict[str, bytes] | None = None) -> None:
         self._parents(path)
+        self._files.add(path.strip("/"))
         info = tarfile.TarInfo(path.strip("/"))
         info.size, info.mode = len(content), mode
         if xattrs:
@@ -130,7 +165,7 @@ class Layer:
         """A dynamically linked program and the libraries ldd finds for it."""
         self.file(path, host, xattrs)
         for lib in _ldd(host):
-            if lib.strip("/") not in self._dirs:
+            if lib.strip("/") not in self._files:
                 self.file(lib, os.path.realpath(lib))
 
     def busybox(self, applets: list[str]) -> None:
@@ -160,14 +195,15 @@ def oci_image(dest: Path, name: str, layer: Layer, config: dict) -> Path:
 
         layer_ref = blob(content)
         config_ref = blob(json.dumps({
-            "architecture": "amd64", "os": "linux", "config": config,
+            "architecture": ARCH, "os": "linux", "config": config,
             "rootfs": {"type": "layers", "diff_ids": [layer_ref["digest"]]}}).encode())
         manifest_ref = blob(json.dumps({
             "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_ref},
             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
                         **layer_ref}]}).encode())
-        index = {"schemaVersion": 2, "manifests": [{
+        index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                 "manifests": [{
             "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_ref,
             "annotations": {"io.containerd.image.name": name,
                             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}]}
@@ -233,18 +269,21 @@ def _remove_kube_chains() -> None:
         if shutil.which(tool) is None:
             continue
         for table in ("filter", "nat", "mangle"):
-            rules = _run(tool, "-t", table, "-S", check=False).stdout.splitlines()
+            rules = _run(tool, "-w", "10", "-t", table, "-S", check=False).stdout.splitlines()
             for rule in rules:
-                parts = shlex.split(rule)  # comments are quoted
+                try:
+                    parts = shlex.split(rule)  # comments are quoted
+                except ValueError:
+                    continue
                 # a built-in chain's rule that jumps into a KUBE- chain
                 if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and \
                         any(p.startswith("KUBE-") for p in parts[2:]):
-                    _run(tool, "-t", table, "-D", *parts[1:], check=False)
+                    _run(tool, "-w", "10", "-t", table, "-D", *parts[1:], check=False)
             chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
             for chain in chains:
-                _run(tool, "-t", table, "-F", chain, check=False)
+                _run(tool, "-w", "10", "-t", table, "-F", chain, check=False)
             for chain in chains:
-                _run(tool, "-t", table, "-X", chain, check=False)
+                _run(tool, "-w", "10", "-t", table, "-X", chain, check=False)
 
 
 # -- the node -----------------------------------------------------------------------------------
@@ -267,12 +306,15 @@ class KubeNode:
         self.procs: dict[str, subprocess.Popen] = {}
         self.api_port = free_port()
         self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        self.saved_sysctls: dict[str, str] = {}
+        self.coredns_ready_port = free_port()
 
     def __enter__(self) -> "KubeNode":
         try:
             self.start()
         except BaseException:
-            self.close()
+            with contextlib.suppress(Exception):  # the start's failure is the one to report
+                self.close()
             raise
         return self
 
@@ -280,11 +322,18 @@ class KubeNode:
         self.close()
 
     # -- processes
-    def _spawn(self, name: str, cmd: list) -> None:
+    def _spawn(self, name: str, cmd: list, memlock: int | None = None) -> None:
+        def child() -> None:
+            # Killed with the test process, so a killed run leaves no node running.
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if memlock is not None:
+                resource.setrlimit(resource.RLIMIT_MEMLOCK, (memlock, memlock))
+
         log = open(self.logs / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, cwd=self.root)
+                                            start_new_session=True, cwd=self.root,
+                                            preexec_fn=child)
         log.close()
 
     def _wait(self, what: str, ready, timeout: float = START_TIMEOUT_S) -> None:
@@ -308,10 +357,13 @@ class KubeNode:
     def start(self) -> None:
         if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0 or MARKER.exists():
             # what a killed run left (close() removes all of it)
-            self._clean_machine()
+            stale = MARKER.read_text().split("\n")[1:2] if MARKER.exists() else []
+            self._clean_machine([Path(p) for p in stale if p.startswith("/")])
         for d in (self.logs, self.pki, KUBELET_ROOT):
             d.mkdir(parents=True, exist_ok=True)
-        MARKER.write_text("made by kaas tests/kube_node.py\n")
+        MARKER.write_text(f"made by kaas tests/kube_node.py for\n{self.root}\n")
+        self.saved_sysctls = {k: (Path("/proc/sys") / k).read_text()
+                              for k in SYSCTLS if (Path("/proc/sys") / k).exists()}
         self._network()
         self._credentials()
         self._control_plane()
@@ -322,6 +374,10 @@ class KubeNode:
             "get", "node", NODE_NAME, "-o",
             "jsonpath={range .status.conditions[?(@.status==\"True\")]}\"{.type}\"{end}",
             check=False))
+        # Pods are refused until the controller-manager made the namespace's ServiceAccount.
+        self._wait("the default ServiceAccount", lambda: self.kubectl(
+            "get", "serviceaccount", "default", check=False).strip() != "")
+        self._wait("CoreDNS", self._coredns_ready)
 
     def _network(self) -> None:
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -429,13 +485,15 @@ state = "{self.root}/containerd/state"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "kaas.local/pause:1"
   restrict_oom_score_adj = true
+  # the pods' network namespaces under our state dir, not the machine's /run/netns
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
 """)
-        self._spawn("containerd", ["containerd", "--config", config])
+        self._spawn("containerd", ["containerd", "--config", config], memlock=POD_MEMLOCK_BYTES)
         self._wait("containerd", lambda: self.ctr("version", check=False).returncode == 0, 60)
         images = self.root / "images"
         images.mkdir(exist_ok=True)
@@ -468,6 +526,9 @@ state = "{self.root}/containerd/state"
             KUBE_DIR / "kube-proxy", "--kubeconfig", self.kubeconfig,
             "--hostname-override", NODE_NAME, "--proxy-mode", "iptables",
             "--cluster-cidr", POD_CIDR, "--conntrack-max-per-core", "0",
+            # leave the machine's route_localnet and conntrack timeouts as they are
+            "--iptables-localhost-nodeports=false", "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
             "--metrics-bind-address", f"127.0.0.1:{free_port()}",
             "--healthz-bind-address", f"127.0.0.1:{free_port()}", "--v", "1"])
 
@@ -482,9 +543,18 @@ state = "{self.root}/containerd/state"
         fallthrough in-addr.arpa
     }}
     cache 5
+    ready 127.0.0.1:{self.coredns_ready_port}
 }}
 """)
         self._spawn("coredns", [KUBE_DIR / "coredns", "-conf", corefile])
+
+    def _coredns_ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.coredns_ready_port}/ready"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     # -- use
     def kubectl(self, *args, check: bool = True, timeout: float = 60, stdin: str | None = None
@@ -515,38 +585,81 @@ state = "{self.root}/containerd/state"
 
     # -- stop
     def close(self) -> None:
-        """Stop every pod, then every process, and remove what they left on the machine."""
-        if "kubelet" in self.procs and self.procs["kubelet"].poll() is None:
-            # Deleting the pods lets the kubelet stop them and their networks through CNI.
+        """Stop every pod, then every process, remove what they left on the machine and put
+        its settings back. Every step runs even if one before it failed."""
+        errors = []
+        for step in (self._stop_pods, self._stop_processes,
+                     lambda: self._clean_machine([self.root]), self._restore_sysctls):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the next steps must still run
+                errors.append(f"{getattr(step, '__name__', 'cleaning up')}: {e!r}")
+        if errors:
+            raise RuntimeError("stopping the Kubernetes node: " + "; ".join(errors))
+
+    def _alive(self, name: str) -> bool:
+        return name in self.procs and self.procs[name].poll() is None
+
+    def _stop(self, name: str) -> None:
+        p = self.procs.get(name)
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=15)
+
+    def _stop_pods(self) -> None:
+        # Nothing may bring back what is deleted: the controllers and the scheduler stop first.
+        self._stop("kube-controller-manager")
+        self._stop("kube-scheduler")
+        if self._alive("kubelet") and self._alive("kube-apiserver"):
+            # Deleted pods are stopped by the kubelet, their networks removed through CNI.
             self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=5",
                          "--wait=true", "--timeout=60s", check=False, timeout=90)
-        for name in ("kube-scheduler", "kube-controller-manager", "coredns", "kubelet",
-                     "kube-proxy", "containerd", "kube-apiserver", "etcd"):
-            p = self.procs.get(name)
-            if p is None or p.poll() is not None:
-                continue
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=15)
-        self._clean_machine()
+        if self._alive("containerd"):
+            # whatever is still running: killed while containerd can still reach it
+            for task in self.ctr("tasks", "ls", "-q", check=False).stdout.split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+                self.ctr("tasks", "delete", "-f", task, check=False)
 
-    def _clean_machine(self) -> None:
-        # containers the kubelet did not stop: their shims outlive containerd
+    def _stop_processes(self) -> None:
+        for name in ("coredns", "kubelet", "kube-proxy", "containerd", "kube-apiserver", "etcd"):
+            self._stop(name)
+
+    def _restore_sysctls(self) -> None:
+        for key, value in self.saved_sysctls.items():
+            (Path("/proc/sys") / key).write_text(value)
+
+    def _clean_machine(self, roots: list[Path]) -> None:
+        """Remove what this node (or a killed run's, under `roots`) left on the machine."""
+        # A killed run's containers outlive its containerd and shims: their cgroups name them.
+        for cgroup in [*Path("/sys/fs/cgroup").glob("*/kubepods"), Path("/sys/fs/cgroup/kubepods")]:
+            for procs in cgroup.rglob("cgroup.procs"):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
         _run("pkill", "-KILL", "-f", f"containerd-shim-runc-v2 .*-address .*/{SOCKET_NAME}",
              check=False)
+        for name in ("kubelet", "kube-proxy", "kube-apiserver", "kube-controller-manager",
+                     "kube-scheduler", "coredns"):
+            for pid in _pids(name):
+                if _ours(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        for root in roots:
+            _run("pkill", "-KILL", "-f", f"containerd --config {root}/containerd.toml",
+                 check=False)
+            _run("pkill", "-KILL", "-f", f"--data-dir {root}/etcd", check=False)
         _remove_kube_chains()
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        roots = (str(KUBELET_ROOT) + "/", str(self.root) + "/", "/run/netns/cni-",
-                 "/var/run/netns/cni-")
+        prefixes = tuple(f"{p}/" for p in [KUBELET_ROOT, *roots])
         # the kubelet makes its own root a mount too
-        ours = [m for m in mounts if m.startswith(roots) or m == str(KUBELET_ROOT)]
+        ours = [m for m in mounts if m.startswith(prefixes) or m == str(KUBELET_ROOT)]
         for m in sorted(ours, key=len, reverse=True):
             _run("umount", "-l", m, check=False)
-        for netns in Path("/run/netns").glob("cni-*") if Path("/run/netns").exists() else []:
-            netns.unlink(missing_ok=True)
         _run("ip", "link", "del", BRIDGE, check=False)
         if MARKER.exists():
             shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
