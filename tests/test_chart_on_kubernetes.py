@@ -3,8 +3,9 @@ the broker pods on containerd and runc, from an image of the binary under test, 
 chart's seccomp profile, with a PersistentVolume, Services through kube-proxy and names through
 CoreDNS. What `helm template` and the schemas cannot show (tests/test_deploy.py): that the pods
 start and become ready, that `helm test` produces and consumes through the client Service, that
-the data outlives a pod, and that cluster mode elects a controller through the real Lease API
-and survives losing a broker.
+the data outlives a pod, and that cluster mode elects a controller through the real Lease API,
+loses no record when a partition leader is killed or when a rolling upgrade replaces every
+broker, and stops promptly when scaled to zero.
 
 Needs root and the binaries of scripts/install-kube-apiserver.sh and
 scripts/install-kube-node.sh (the test command's installer runs both); without them the tests
@@ -369,3 +370,41 @@ def test_brokers_sharing_a_node_without_ipc_lock_are_told_why_one_cannot_start(n
     for expected in ("other processes of user id 10001", "podAntiAffinity=hard",
                      "ioUring.ipcLock=true"):
         assert expected in message, message
+
+
+def test_a_rolling_upgrade_of_a_cluster_loses_and_duplicates_nothing(node, release, tmp_path):
+    """`helm upgrade` of a three-broker cluster replaces the brokers one at a time, each
+    draining its partitions to the others before it stops (the chart's updateStrategy,
+    minReadySeconds and grace period), while an idempotent acks=all producer keeps writing:
+    the producer finishes without an error and every record is read back exactly once."""
+    node.apply([persistent_volume(node, "pv-rolling", ["ReadWriteMany"])])
+    values = {**SMALL, "replicaCount": 3, "podAntiAffinity": "none",
+              "ioUring": {"ipcLock": True}, "config": {"numPartitions": 3},
+              "cluster": {"enabled": True}}
+    helm(node, "install", RELEASE, CHART, "-f", _values(tmp_path, values), "--wait",
+         "--timeout", INSTALL_TIMEOUT)
+    before = {name: p["metadata"]["uid"] for name, p in wait_ready(node, 3).items()}
+    bootstrap = f"{RELEASE}.default.svc:9092"
+    n = 1500
+    start_kcat(node, "produce-during-upgrade",
+               f"for i in $(seq 1 {n}); do echo rolling-$i; sleep 0.05; done | kcat -P -b"
+               f" {bootstrap} -t rolling -X acks=all -X enable.idempotence=true")
+    deadline = time.monotonic() + 60
+    while pod_phase(node, "produce-during-upgrade") != "Running":
+        assert time.monotonic() < deadline, describe(node)
+        time.sleep(0.5)
+    time.sleep(3)
+    started = time.monotonic()
+    values["podAnnotations"] = {"kaas.test/rolled": str(time.time_ns())}
+    helm(node, "upgrade", RELEASE, CHART, "-f", _values(tmp_path, values), "--wait",
+         "--timeout", "400s", timeout=450)
+    wait_ready(node, 3, replaced=before)
+    report(f"chart on Kubernetes: rolling upgrade of 3 brokers in {time.monotonic() - started:.0f}s"
+           " while producing")
+    finish_kcat(node, "produce-during-upgrade", timeout=300)
+    log = kcat(node, "consume-rolling", f"kcat -C -b {bootstrap} -t rolling -o beginning -e -q",
+               timeout=180)
+    got = log.split()
+    missing = [f"rolling-{i}" for i in range(1, n + 1) if f"rolling-{i}" not in got]
+    assert not missing, f"produced but not read back: {missing[:10]}\n{describe(node)}"
+    assert len(got) == len(set(got)) == n, f"{len(got)} records, {len(set(got))} distinct"
