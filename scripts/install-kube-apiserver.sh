@@ -57,52 +57,8 @@ if [[ -x "$kube_dir/kube-apiserver" ]] \
 fi
 
 command -v go >/dev/null || { log "the Go toolchain is needed to build kube-apiserver"; exit 1; }
-staging_version="v0.${version#1.}"
-log "building kube-apiserver $version (staging modules $staging_version) in $build_dir"
-rm -rf "$build_dir"
-mkdir -p "$build_dir"
-cd "$build_dir"
-
-# kubernetes' go.mod lists its staging modules in a replace block; pin each to the release.
-# inside the retried command, so a failed attempt's error JSON is not left in the file
-download_json() { nice -n 19 go mod download -json "$1" > "$2"; }
-retry download_json "k8s.io/kubernetes@v$version" kubernetes.json
-k8s_mod="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kubernetes.json)"
-go_line="$(grep -m1 '^go ' "$k8s_mod")"
-{
-    echo "module kaas.local/kube-apiserver-build"
-    echo
-    echo "$go_line"
-    echo
-    echo "require k8s.io/kubernetes v$version"
-    echo
-    echo "replace ("
-    sed -n '/^replace (/,/^)/p' "$k8s_mod" | grep '=> \./staging/' \
-        | awk -v v="$staging_version" '{ print "\t" $1 " => " $1 " " v }'
-    echo ")"
-} > go.mod
-cat > tools.go <<'EOF'
-//go:build tools
-
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-EOF
-
+log "building kube-apiserver $version in $build_dir"
 start=$(date +%s)
-retry nice -n 19 go mod tidy
-minor="${version#1.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=v$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean"
-done
-nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$kube_dir/kube-apiserver.tmp" \
-    k8s.io/kubernetes/cmd/kube-apiserver
-mv "$kube_dir/kube-apiserver.tmp" "$kube_dir/kube-apiserver"
+kube_build "$version" "$build_dir" "$kube_dir" kube-apiserver
 echo "$version" > "$kube_dir/kube-apiserver.version"
 log "built in $(( $(date +%s) - start ))s: $("$kube_dir/kube-apiserver" --version)"
-if [[ "${KAAS_KUBE_KEEP_BUILD:-0}" != 1 ]]; then
-    cd /
-    rm -rf "$build_dir"
-fi

@@ -6,8 +6,8 @@
 #
 #   kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl
 #           built from the Go module proxy: k8s.io/kubernetes $KAAS_KUBE_VERSION (the API
-#           server's version, default 1.36.3), through a throwaway module as
-#           install-kube-apiserver.sh builds the API server -> $KAAS_KUBE_DIR/
+#           server's version, default 1.36.3), as the API server is (kube_build in
+#           scripts/lib.sh) -> $KAAS_KUBE_DIR/
 #   coredns CoreDNS $KAAS_COREDNS_VERSION (default v1.15.0), `go install` from the module proxy
 #   apt     containerd and runc (the container runtime), containernetworking-plugins (the CNI
 #           bridge), busybox-static (the shell in the test images), iptables (kube-proxy)
@@ -62,55 +62,11 @@ if [[ $present == 1 && "$(cat "$kube_dir/kube-node.version" 2>/dev/null)" == "$v
     log "${commands[*]} $version present in $kube_dir"
 else
     command -v go >/dev/null || { log "the Go toolchain is needed to build ${commands[*]}"; exit 1; }
-    staging_version="v0.${version#1.}"
     log "building ${commands[*]} $version in $build_dir"
-    rm -rf "$build_dir"
-    mkdir -p "$build_dir"
-    cd "$build_dir"
-    # inside the retried command, so a failed attempt's error JSON is not left in the file
-    download_json() { nice -n 19 go mod download -json "$1" > "$2"; }
-    retry download_json "k8s.io/kubernetes@v$version" kubernetes.json
-    k8s_mod="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kubernetes.json)"
-    {
-        echo "module kaas.local/kube-node-build"
-        echo
-        grep -m1 '^go ' "$k8s_mod"
-        echo
-        echo "require k8s.io/kubernetes v$version"
-        echo
-        echo "replace ("
-        sed -n '/^replace (/,/^)/p' "$k8s_mod" | grep '=> \./staging/' \
-            | awk -v v="$staging_version" '{ print "\t" $1 " => " $1 " " v }'
-        echo ")"
-    } > go.mod
-    {
-        echo "//go:build tools"
-        echo
-        echo "package tools"
-        echo
-        echo "import ("
-        for c in "${commands[@]}"; do
-            echo "	_ \"k8s.io/kubernetes/cmd/$c\""
-        done
-        echo ")"
-    } > tools.go
     start=$(date +%s)
-    retry nice -n 19 go mod tidy
-    minor="${version#1.}"; minor="${minor%%.*}"
-    ldflags="-s -w"
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldflags+=" -X $pkg.gitVersion=v$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-        ldflags+=" -X $pkg.gitTreeState=clean"
-    done
-    for c in "${commands[@]}"; do
-        nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$kube_dir/$c.tmp" \
-            "k8s.io/kubernetes/cmd/$c"
-        mv "$kube_dir/$c.tmp" "$kube_dir/$c"
-    done
+    kube_build "$version" "$build_dir" "$kube_dir" "${commands[@]}"
     echo "$version" > "$kube_dir/kube-node.version"
     log "built in $(( $(date +%s) - start ))s"
-    cd /
-    rm -rf "$build_dir"
 fi
 
 # -- CoreDNS -----------------------------------------------------------------------------------

@@ -7,9 +7,10 @@
 #   4. scripts/fuzz.sh           (each fuzz target for 30 s; 600 s with KAAS_LONG_TESTS=1)
 #   5. cargo build --release -p kaas -p kaas-bench -p kaas-lazyfs
 #   6. python3 -m pytest tests (real clients against the kaas binary; KAAS_BIN is set), as two
-#      processes side by side: the client projects' own suites (`-m suite`) and everything else
-#      (`-m "not suite"`). Most tests wait on clients, timeouts and faults: one process keeps the
-#      two cores about 30% busy and takes about 31 minutes, two take about 20. Each keeps its
+#      processes side by side: the client projects' own suites and the Kubernetes node, which
+#      take fixed ports and machine-wide resources (`-m "suite or machine"`), and everything
+#      else. Most tests wait on clients, timeouts and faults: one process keeps the two cores
+#      about 30% busy and takes about 35 minutes, two take about 20. Each keeps its
 #      temporary directories (broker logs, the suites' own logs) under $KAAS_TEST_TMP until the
 #      next run, so a failure can be read after the run.
 #
@@ -78,20 +79,22 @@ run_pytest() {
         return
     fi
     # The suites bind fixed ports (kafka-go 9092, sarama's proxies 29091-29095, toxiproxy 8474)
-    # and every other test free ones, so the two halves cannot collide.
+    # and the Kubernetes node takes the kubelet directory and a bridge; every other test takes
+    # free ports and its own directories, so the two halves cannot collide.
     local suites_log rc_suites=0 rc_rest=0 pid
     suites_log="$tmp_root/suites.log"
     # shellcheck disable=SC2086
-    python3 -m pytest tests -q --durations=10 --basetemp "$tmp_root/suites" -m suite \
+    python3 -m pytest tests -q --durations=10 --basetemp "$tmp_root/suites" -m "suite or machine" \
         ${PYTEST_ARGS:-} >"$suites_log" 2>&1 &
     pid=$!
-    echo "(the client projects' suites run beside these tests; their output follows them)"
+    echo "(the client projects' suites and the Kubernetes node run beside these tests; their output follows)"
     # shellcheck disable=SC2086
-    python3 -m pytest tests -q --durations=25 --basetemp "$tmp_root/rest" -m "not suite" \
+    python3 -m pytest tests -q --durations=25 --basetemp "$tmp_root/rest" \
+        -m "not suite and not machine" \
         ${PYTEST_ARGS:-} || rc_rest=$?
     wait "$pid" || rc_suites=$?
     echo
-    echo "==> the client projects' suites (pytest -m suite)"
+    echo "==> the client projects' suites and the Kubernetes node (pytest -m \"suite or machine\")"
     cat "$suites_log"
     rc_rest=$(pytest_status "$rc_rest")
     rc_suites=$(pytest_status "$rc_suites")

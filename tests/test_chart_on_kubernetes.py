@@ -26,6 +26,10 @@ import pytest
 import kube_node
 from conftest import kaas_bin, report
 
+# scripts/test.sh runs these beside the other tests, with the client suites (which take fixed
+# ports): they take the machine's kubelet directory, a bridge and iptables chains.
+pytestmark = pytest.mark.machine
+
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "kaas"
 RELEASE = "kaas"
 STORAGE_CLASS = "kaas-test"
