@@ -10,7 +10,7 @@
 #      processes side by side: the client projects' own suites and the Kubernetes node, which
 #      take fixed ports and machine-wide resources (`-m "suite or machine"`), and everything
 #      else. Most tests wait on clients, timeouts and faults: one process keeps the two cores
-#      about 30% busy and takes about 35 minutes, two take about 20. Each keeps its
+#      about 30% busy and takes about 35 minutes, two take about 22. Each keeps its
 #      temporary directories (broker logs, the suites' own logs) under $KAAS_TEST_TMP until the
 #      next run, so a failure can be read after the run.
 #
