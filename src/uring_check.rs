@@ -66,15 +66,16 @@ fn memlock_fix(env: &Env) -> String {
         format!(
             ", so other processes of user id {} on this machine already hold the rest: locked memory is charged \
              per user id, and several brokers with the same user id on one node (one Kubernetes node, the same \
-             runAsUser) share one limit. Run one broker per node (Helm value podAntiAffinity=hard, the default) or",
+             runAsUser) share one limit. Run one broker per node (Helm value podAntiAffinity=hard, the default), \
+             or fix",
             env.uid
         )
     } else {
-        ".".into()
+        ". Fix".into()
     };
     format!(
         "RLIMIT_MEMLOCK is too small: the limit is {} ({} bytes) and one shard's io_uring buffer needs {} ({} bytes){shared} \
-         Fix one of: give the container CAP_IPC_LOCK (Helm value ioUring.ipcLock=true), raise the memlock limit \
+         one of: give the container CAP_IPC_LOCK (Helm value ioUring.ipcLock=true), raise the memlock limit \
          (`ulimit -l`, or LimitMEMLOCK= for the container runtime's service), or lower --io-memory-bytes / KAAS_IO_MEMORY_BYTES",
         mib(env.memlock),
         env.memlock,

@@ -579,21 +579,20 @@ state = "{self.root}/containerd/state"
         self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
                                                            "items": objects}))
 
-    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
-        args = ["logs", "-n", namespace, pod] + (["-c", container] if container else [])
-        return self.kubectl(*args, check=False)
+    def pod_log(self, pod: str) -> str:
+        return self.kubectl("logs", pod, "--all-containers", check=False)
 
     # -- stop
     def close(self) -> None:
         """Stop every pod, then every process, remove what they left on the machine and put
         its settings back. Every step runs even if one before it failed."""
         errors = []
-        for step in (self._stop_pods, self._stop_processes,
-                     lambda: self._clean_machine([self.root]), self._restore_sysctls):
+        for step in (self._stop_pods, self._stop_processes, self._clean_own,
+                     self._restore_sysctls):
             try:
                 step()
             except Exception as e:  # noqa: BLE001 - the next steps must still run
-                errors.append(f"{getattr(step, '__name__', 'cleaning up')}: {e!r}")
+                errors.append(f"{step.__name__}: {e!r}")
         if errors:
             raise RuntimeError("stopping the Kubernetes node: " + "; ".join(errors))
 
@@ -633,6 +632,9 @@ state = "{self.root}/containerd/state"
         for key, value in self.saved_sysctls.items():
             (Path("/proc/sys") / key).write_text(value)
 
+    def _clean_own(self) -> None:
+        self._clean_machine([self.root])
+
     def _clean_machine(self, roots: list[Path]) -> None:
         """Remove what this node (or a killed run's, under `roots`) left on the machine."""
         # A killed run's containers outlive its containerd and shims: their cgroups name them.
@@ -643,8 +645,7 @@ state = "{self.root}/containerd/state"
                         os.kill(int(pid), signal.SIGKILL)
         _run("pkill", "-KILL", "-f", f"containerd-shim-runc-v2 .*-address .*/{SOCKET_NAME}",
              check=False)
-        for name in ("kubelet", "kube-proxy", "kube-apiserver", "kube-controller-manager",
-                     "kube-scheduler", "coredns"):
+        for name in BINARIES:
             for pid in _pids(name):
                 if _ours(pid):
                     with contextlib.suppress(ProcessLookupError):

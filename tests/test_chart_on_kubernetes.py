@@ -32,6 +32,8 @@ pytestmark = pytest.mark.machine
 
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "kaas"
 RELEASE = "kaas"
+# The client Service, as pods in the release's namespace reach it.
+BOOTSTRAP = f"{RELEASE}.default.svc:9092"
 STORAGE_CLASS = "kaas-test"
 # What every install sets: the images built here (no registry) and the volumes made here.
 BASE_VALUES = {
@@ -41,6 +43,12 @@ BASE_VALUES = {
 }
 # Several brokers on this one 2-CPU node: each gets a fifth of a core.
 SMALL = {"resources": {"requests": {"cpu": "200m", "memory": "256Mi"}}}
+# Three brokers in cluster mode on this one node. The default (one broker per node, `hard`) would
+# leave two brokers Pending, and without CAP_IPC_LOCK the brokers' io_uring buffers, charged to
+# their one user id, would not fit in the pods' 8 MiB RLIMIT_MEMLOCK together (the second broker
+# refuses to start: the last test). Three partitions per topic, so that each broker leads one.
+CLUSTER = {**SMALL, "replicaCount": 3, "podAntiAffinity": "none", "ioUring": {"ipcLock": True},
+           "config": {"numPartitions": 3}, "cluster": {"enabled": True}}
 INSTALL_TIMEOUT = "240s"
 
 
@@ -150,6 +158,13 @@ def pod_phase(node: kube_node.KubeNode, name: str) -> str:
     return node.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}")
 
 
+def wait_running(node: kube_node.KubeNode, name: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while pod_phase(node, name) != "Running":
+        assert time.monotonic() < deadline, f"pod {name} not running\n{describe(node)}"
+        time.sleep(0.5)
+
+
 def finish_kcat(node: kube_node.KubeNode, name: str, timeout: float = 120) -> str:
     """Wait for a kcat pod to end and return its log; fails if it failed."""
     deadline = time.monotonic() + timeout
@@ -159,7 +174,7 @@ def finish_kcat(node: kube_node.KubeNode, name: str, timeout: float = 120) -> st
         if phase in ("Succeeded", "Failed"):
             break
         time.sleep(1)
-    log = node.pod_log("default", name)
+    log = node.pod_log(name)
     node.kubectl("delete", "pod", name, "--wait=false")
     assert phase == "Succeeded", f"pod {name} {phase or 'did not finish'}:\n{log}\n{describe(node)}"
     return log
@@ -169,6 +184,19 @@ def kcat(node: kube_node.KubeNode, name: str, script: str, timeout: float = 120)
     """Run a kcat pod in the cluster with `script` (sh) and return its log; fails if it fails."""
     start_kcat(node, name, script)
     return finish_kcat(node, name, timeout)
+
+
+def assert_read_back_once(node: kube_node.KubeNode, topic: str, produced: dict[str, int]) -> None:
+    """Every record `<tag>-<i>` (i = 1..n for each tag: n of `produced`) is in `topic`, once."""
+    log = kcat(node, f"consume-{topic}",
+               f"kcat -C -b {BOOTSTRAP} -t {topic} -o beginning -e -q",
+               timeout=180)
+    got = log.split()
+    for tag, n in produced.items():
+        missing = [f"{tag}-{i}" for i in range(1, n + 1) if f"{tag}-{i}" not in got]
+        assert not missing, f"produced but not read back: {missing[:10]}\n{describe(node)}"
+    total = sum(produced.values())
+    assert len(got) == len(set(got)) == total, f"{len(got)} records, {len(set(got))} distinct"
 
 
 def broker_pods(node: kube_node.KubeNode) -> dict[str, dict]:
@@ -209,24 +237,11 @@ def _healthz_brokers(node: kube_node.KubeNode, pod: str, timeout: float = 60) ->
                 health = json.loads(r.read())
         except OSError:
             health = {}
-        brokers = _find(health, "brokers") or []
+        brokers = (health.get("cluster") or {}).get("brokers") or []
         if len(brokers) == 3:
             return brokers
         time.sleep(1)
     raise AssertionError(f"/healthz of {pod} lists {brokers}")
-
-
-def _find(value, key: str):
-    if isinstance(value, dict):
-        if key in value:
-            return value[key]
-        value = list(value.values())
-    if isinstance(value, list):
-        for v in value:
-            found = _find(v, key)
-            if found is not None:
-                return found
-    return None
 
 
 def test_single_broker_installs_serves_helm_test_and_keeps_data_across_a_restart(node, release, tmp_path):
@@ -249,14 +264,13 @@ def test_single_broker_installs_serves_helm_test_and_keeps_data_across_a_restart
     out = helm(node, "test", RELEASE, "--logs", "--timeout", "120s")
     assert "consumed it back" in out, out
 
-    bootstrap = f"{RELEASE}.default.svc:9092"
     marker = f"kept-{time.time_ns()}"
     kcat(node, "produce-before-restart",
-         f"echo {marker} | kcat -P -b {bootstrap} -t restart-check -X acks=all")
+         f"echo {marker} | kcat -P -b {BOOTSTRAP} -t restart-check -X acks=all")
     node.kubectl("delete", "pod", f"{RELEASE}-0", "--wait=true", "--timeout=150s", timeout=180)
     wait_ready(node, 1, replaced={f"{RELEASE}-0": pod["metadata"]["uid"]})
     log = kcat(node, "consume-after-restart",
-               f"kcat -C -b {bootstrap} -t restart-check -o beginning -e -q")
+               f"kcat -C -b {BOOTSTRAP} -t restart-check -o beginning -e -q")
     assert marker in log.split(), f"{marker} not read back after the restart:\n{log}"
 
 
@@ -265,21 +279,17 @@ def kill_a_leader_while_producing(node: kube_node.KubeNode) -> int:
     partition 0 is killed with SIGKILL (the kubelet restarts its container); every record must
     then be read back exactly once (kcat retries what was not acknowledged; an idempotent
     producer stores nothing twice). Returns the id of the broker killed."""
-    bootstrap = f"{RELEASE}.default.svc:9092"
     produce = ("for i in $(seq 1 {n}); do echo {tag}-$i; sleep {pause}; done | kcat -P -b "
-               + bootstrap + " -t survive -X acks=all -X enable.idempotence=true")
+               + BOOTSTRAP + " -t survive -X acks=all -X enable.idempotence=true")
     kcat(node, "produce-before-kill", produce.format(n=200, tag="before", pause=0))
-    metadata = kcat(node, "leaders", f"kcat -L -b {bootstrap} -t survive")
+    metadata = kcat(node, "leaders", f"kcat -L -b {BOOTSTRAP} -t survive")
     found = re.search(r"partition 0, leader (\d+)", metadata)
     assert found, metadata
     leader = int(found.group(1))
     victim = broker_pods(node)[f"{RELEASE}-{leader}"]
     status = next(c for c in victim["status"]["containerStatuses"] if c["name"] == "kaas")
     start_kcat(node, "produce-during-kill", produce.format(n=400, tag="during", pause=0.02))
-    deadline = time.monotonic() + 60
-    while pod_phase(node, "produce-during-kill") != "Running":
-        assert time.monotonic() < deadline, describe(node)
-        time.sleep(0.5)
+    wait_running(node, "produce-during-kill")
     time.sleep(2)
     node.ctr("tasks", "kill", "-s", "SIGKILL", status["containerID"].split("://", 1)[1])
     finish_kcat(node, "produce-during-kill", timeout=240)
@@ -287,13 +297,7 @@ def kill_a_leader_while_producing(node: kube_node.KubeNode) -> int:
     restarts = next(c["restartCount"] for c in pods[f"{RELEASE}-{leader}"]["status"]
                     ["containerStatuses"] if c["name"] == "kaas")
     assert restarts > status["restartCount"], f"broker {leader} was not restarted"
-    log = kcat(node, "consume-all", f"kcat -C -b {bootstrap} -t survive -o beginning -e -q",
-               timeout=180)
-    got = log.split()
-    for tag, n in (("before", 200), ("during", 400)):
-        missing = [f"{tag}-{i}" for i in range(1, n + 1) if f"{tag}-{i}" not in got]
-        assert not missing, f"produced but not read back: {missing[:10]}\n{describe(node)}"
-    assert len(got) == len(set(got)) == 600, f"{len(got)} records, {len(set(got))} distinct"
+    assert_read_back_once(node, "survive", {"before": 200, "during": 400})
     return leader
 
 
@@ -303,13 +307,7 @@ def test_cluster_mode_elects_through_the_lease_and_survives_losing_a_broker(node
     take their rack from the node's zone, pass `helm test`, lose no acknowledged record when a
     broker is killed, and all stop well within the drain timeout when scaled to zero."""
     node.apply([persistent_volume(node, "pv-shared", ["ReadWriteMany"])])
-    # One node: the default (one broker per node, `hard`) would leave two brokers Pending, and
-    # without CAP_IPC_LOCK the brokers' io_uring buffers, charged to their one user id, would
-    # not fit in the pods' 8 MiB RLIMIT_MEMLOCK together (the second broker refuses to start).
-    values = _values(tmp_path, {**SMALL, "replicaCount": 3, "podAntiAffinity": "none",
-                                "ioUring": {"ipcLock": True},
-                                "config": {"numPartitions": 3},
-                                "cluster": {"enabled": True, "rack": "zoneLabel"}})
+    values = _values(tmp_path, {**CLUSTER, "cluster": {"enabled": True, "rack": "zoneLabel"}})
     started = time.monotonic()
     helm(node, "install", RELEASE, CHART, "-f", values, "--wait", "--timeout", INSTALL_TIMEOUT)
     wait_ready(node, 3)
@@ -330,15 +328,11 @@ def test_cluster_mode_elects_through_the_lease_and_survives_losing_a_broker(node
     report(f"chart on Kubernetes: broker {killed} killed (SIGKILL) while producing;"
            " every acknowledged record read back once")
 
-    def brokers() -> list[str]:
-        return node.kubectl("get", "pods", "-l", "app.kubernetes.io/component=broker",
-                            "-o", "name").split()
-
-    assert len(brokers()) == 3, describe(node)
+    assert len(broker_pods(node)) == 3, describe(node)
     started = time.monotonic()
     node.kubectl("scale", "statefulset", RELEASE, "--replicas=0")
     deadline = started + 200
-    while brokers():
+    while broker_pods(node):
         assert time.monotonic() < deadline, f"brokers still running\n{describe(node)}"
         time.sleep(1)
     stop_s = time.monotonic() - started
@@ -362,7 +356,7 @@ def test_brokers_sharing_a_node_without_ipc_lock_are_told_why_one_cannot_start(n
     deadline = time.monotonic() + 180
     logs = {}
     while time.monotonic() < deadline:
-        logs = {pod: node.kubectl("logs", pod, "--all-containers", check=False)
+        logs = {pod: node.pod_log(pod)
                 + node.kubectl("logs", pod, "--all-containers", "--previous", check=False)
                 for pod in (f"{RELEASE}-0", f"{RELEASE}-1")}
         if any("io_uring is not usable" in log for log in logs.values()):
@@ -382,21 +376,15 @@ def test_a_rolling_upgrade_of_a_cluster_loses_and_duplicates_nothing(node, relea
     minReadySeconds and grace period), while an idempotent acks=all producer keeps writing:
     the producer finishes without an error and every record is read back exactly once."""
     node.apply([persistent_volume(node, "pv-rolling", ["ReadWriteMany"])])
-    values = {**SMALL, "replicaCount": 3, "podAntiAffinity": "none",
-              "ioUring": {"ipcLock": True}, "config": {"numPartitions": 3},
-              "cluster": {"enabled": True}}
+    values = dict(CLUSTER)
     helm(node, "install", RELEASE, CHART, "-f", _values(tmp_path, values), "--wait",
          "--timeout", INSTALL_TIMEOUT)
     before = {name: p["metadata"]["uid"] for name, p in wait_ready(node, 3).items()}
-    bootstrap = f"{RELEASE}.default.svc:9092"
     n = 1500
     start_kcat(node, "produce-during-upgrade",
                f"for i in $(seq 1 {n}); do echo rolling-$i; sleep 0.05; done | kcat -P -b"
-               f" {bootstrap} -t rolling -X acks=all -X enable.idempotence=true")
-    deadline = time.monotonic() + 60
-    while pod_phase(node, "produce-during-upgrade") != "Running":
-        assert time.monotonic() < deadline, describe(node)
-        time.sleep(0.5)
+               f" {BOOTSTRAP} -t rolling -X acks=all -X enable.idempotence=true")
+    wait_running(node, "produce-during-upgrade")
     time.sleep(3)
     started = time.monotonic()
     values["podAnnotations"] = {"kaas.test/rolled": str(time.time_ns())}
@@ -406,9 +394,4 @@ def test_a_rolling_upgrade_of_a_cluster_loses_and_duplicates_nothing(node, relea
     report(f"chart on Kubernetes: rolling upgrade of 3 brokers in {time.monotonic() - started:.0f}s"
            " while producing")
     finish_kcat(node, "produce-during-upgrade", timeout=300)
-    log = kcat(node, "consume-rolling", f"kcat -C -b {bootstrap} -t rolling -o beginning -e -q",
-               timeout=180)
-    got = log.split()
-    missing = [f"rolling-{i}" for i in range(1, n + 1) if f"rolling-{i}" not in got]
-    assert not missing, f"produced but not read back: {missing[:10]}\n{describe(node)}"
-    assert len(got) == len(set(got)) == n, f"{len(got)} records, {len(set(got))} distinct"
+    assert_read_back_once(node, "rolling", {"rolling": n})

@@ -72,30 +72,29 @@ def list_tests(binary: Path) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.startswith("Test")]
 
 
-# expected-<name>.txt's RACY tests, by suite (filled by load_expected): they pass on an idle
-# machine, so their passing is not news.
-RACY: dict[str, set[str]] = {}
-
-
-def load_expected(name: str) -> tuple[set[str], dict[str, str]]:
-    """(tests that must pass, {excluded test: why}) from expected-<name>.txt."""
-    passing, excluded = set(), {}
+def _entries(name: str):
+    """(kind, test, why) for each line of expected-<name>.txt."""
     for line in (HERE / f"expected-{name}.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         kind, _, rest = line.partition(" ")
         test, _, why = rest.strip().partition(" ")
+        if kind not in ("PASS", "UNSUPPORTED", "SKIPPED", "RACY"):
+            raise ValueError(f"expected-{name}.txt: bad line {line!r}")
+        yield kind, test, why.strip()
+
+
+def load_expected(name: str) -> tuple[set[str], dict[str, str]]:
+    """(tests that must pass, {excluded test: why}) from expected-<name>.txt. Excluded are
+    UNSUPPORTED, SKIPPED (the suite skips it itself) and RACY (a test of the client alone, no
+    broker, whose outcome depends on goroutine scheduling, so it fails on a loaded machine)."""
+    passing, excluded = set(), {}
+    for kind, test, why in _entries(name):
         if kind == "PASS":
             passing.add(test)
-        # SKIPPED: the suite skips it itself; RACY: a test of the client alone (no broker)
-        # whose outcome depends on goroutine scheduling, so it fails on a loaded machine
-        elif kind in ("UNSUPPORTED", "SKIPPED", "RACY"):
-            excluded[test] = why.strip() or "(no reason given)"
-            if kind == "RACY":
-                RACY.setdefault(name, set()).add(test)
         else:
-            raise ValueError(f"expected-{name}.txt: bad line {line!r}")
+            excluded[test] = why or "(no reason given)"
     return passing, excluded
 
 
@@ -184,9 +183,9 @@ def report_run(run: SuiteRun, name: str, title: str) -> list[str]:
 
 def new_passes(run: SuiteRun, name: str) -> list[str]:
     """Excluded tests that passed this time: candidates for the PASS list."""
-    _, excluded = load_expected(name)
-    return sorted(t for t, o in run.results.items()
-                  if t in excluded and t not in RACY.get(name, set()) and o == "pass")
+    # a RACY test passes on an idle machine: its passing is not news
+    candidates = {test for kind, test, _ in _entries(name) if kind in ("UNSUPPORTED", "SKIPPED")}
+    return sorted(t for t, o in run.results.items() if t in candidates and o == "pass")
 
 
 if __name__ == "__main__":
