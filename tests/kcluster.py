@@ -67,7 +67,7 @@ class Node:
             *(["--advertised-listener", self.advertised] if self.advertised else []),
             "--health-listen", f"127.0.0.1:{self.health_port}",
             "--heartbeat-listen", f"127.0.0.1:{self.heartbeat_port}",
-            "--shards", "1", *LEASE_ARGS,
+            "--shards", "1", *self.cluster.lease_args,
             "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
             *(["--auto-create-topics", "true", "--num-partitions", str(self.cluster.auto_create)]
               if self.cluster.auto_create else ["--auto-create-topics", "false"]),
@@ -169,10 +169,12 @@ class Cluster:
 
     def __init__(self, root: Path, n: int, extra_args=(), auto_create: int = 0,
                  env: dict[str, str] | None = None, racks: list[str] | None = None,
-                 first_id: int = 0):
+                 first_id: int = 0, lease_args=tuple(LEASE_ARGS)):
         """`auto_create`: create unknown topics with this many partitions (0: don't);
         `racks`: the i-th broker's `--rack`; `first_id`: the first broker's id (the others
-        follow it)."""
+        follow it); `lease_args`: the Lease timings (default: short ones, for quick
+        failovers; `()` for the binary's own, as the chart runs it)."""
+        self.lease_args = list(lease_args)
         self.auto_create = auto_create
         self.racks = list(racks or [])
         self.env = dict(env or {})
@@ -324,8 +326,9 @@ def make_cluster(tmp_path):
     """Starts clusters for one test; every broker is killed at teardown."""
     made: list[Cluster] = []
 
-    def factory(n: int = 3, extra_args=(), racks=None) -> Cluster:
-        c = Cluster(tmp_path / f"cluster{len(made)}", n, extra_args, racks=racks)
+    def factory(n: int = 3, extra_args=(), racks=None, lease_args=tuple(LEASE_ARGS)) -> Cluster:
+        c = Cluster(tmp_path / f"cluster{len(made)}", n, extra_args, racks=racks,
+                    lease_args=lease_args)
         made.append(c)
         _CLUSTERS.append(c)
         c.start()

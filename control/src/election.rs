@@ -191,12 +191,17 @@ struct Leadership {
     record: LeaseRecord,
     /// When that write was sent, by our clock: the start of the renew deadline.
     renewed_at_ms: u64,
+    /// See [`ElectionState::expired_holder`].
+    expired_holder: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct InFlight {
     kind: WriteKind,
     sent_at_ms: u64,
+    /// For an acquire: the holder named by the record it replaces, when that record expired
+    /// (not when it was free or already named us).
+    replaces: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,6 +266,7 @@ impl ElectionState {
             self.in_flight = Some(InFlight {
                 kind: WriteKind::Renew,
                 sent_at_ms: now_ms,
+                replaces: None,
             });
             return ElectionAction::Renew { new_record };
         }
@@ -293,6 +299,11 @@ impl ElectionState {
         self.in_flight = Some(InFlight {
             kind: WriteKind::Acquire,
             sent_at_ms: now_ms,
+            replaces: if ours || free {
+                None
+            } else {
+                observed.holder.clone()
+            },
         });
         ElectionAction::Acquire { new_record }
     }
@@ -320,6 +331,7 @@ impl ElectionState {
                 let lead = Leadership {
                     record,
                     renewed_at_ms: flight.sent_at_ms,
+                    expired_holder: flight.replaces,
                 };
                 if now_ms < self.deadline(&lead) {
                     self.leading = Some(lead);
@@ -355,6 +367,7 @@ impl ElectionState {
             kind: WriteKind::Release,
             // Unused for a release: its outcome changes nothing we time.
             sent_at_ms: lead.renewed_at_ms,
+            replaces: None,
         });
         Some(LeaseRecord {
             holder: None,
@@ -367,6 +380,18 @@ impl ElectionState {
     /// or a replacement, so gate actions on [`ElectionState::is_leader`], which is exact.
     pub fn epoch(&self) -> Option<u64> {
         self.leading.as_ref().map(|l| l.record.lease_transitions)
+    }
+
+    /// While we lead: the holder whose Lease had run out when we took it over. It stopped
+    /// acting as controller at least `lease_duration − renew_deadline` before our takeover
+    /// (see the module docs), so it stopped acknowledging itself that long before too, which
+    /// the handover may count (`handover::silent_for`). `None` when we took over a free record
+    /// — never held, or **released** — or one already naming us: a holder that releases may
+    /// have acknowledged itself an instant before its release, so no such gap is known (a
+    /// controller stopped by SIGTERM releases; counting the gap for it handed its partitions
+    /// over while it still served them).
+    pub fn expired_holder(&self) -> Option<&str> {
+        self.leading.as_ref()?.expired_holder.as_deref()
     }
 
     /// Whether we may act as controller at local time `now_ms`: we hold the Lease and our

@@ -39,7 +39,13 @@
 //!    previous controller, before that controller's renew deadline, which precedes `s`. So A
 //!    has stopped by `max(t, s) + F`. The **previous holder** P acknowledged itself only before
 //!    its own renew deadline, which the election places at least `G` = `lease_duration − renew_deadline`
-//!    before `s`: P has stopped by `max(t, s − G) + F`.
+//!    before `s` *when this controller took P's Lease over because it had run out*
+//!    (`ElectionState::expired_holder`): P has stopped by `max(t, s − G) + F`. A Lease that P
+//!    **released** (a SIGTERM drain: P stops acting as controller but keeps serving its
+//!    partitions until they move) gives no gap: P may have acknowledged itself an instant
+//!    before the release, so it is counted like any other broker, by `max(t, s) + F`.
+//!    Counting `G` for a released Lease handed a draining controller's partitions to another
+//!    broker within a millisecond of the election while it still served them.
 //!
 //!    The controller waits [`Timing::release_after`] = `F + margin` past those instants
 //!    ([`silent_for`]); the margin absorbs clock-rate drift, scheduling delay and a write

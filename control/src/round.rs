@@ -31,8 +31,9 @@ pub struct RoundInputs<'a> {
     pub leading_for: Duration,
     /// After winning the Lease, brokers get this long to connect before they count as gone.
     pub grace: Duration,
-    /// The previous Lease holder, if known: its fence may have been renewed up to `gap` before
-    /// this Lease began.
+    /// The previous Lease holder when this controller took its Lease over because it had run
+    /// out (`ElectionState::expired_holder`; `None` after a release): its fence was renewed
+    /// at least `gap` before this Lease began.
     pub previous_holder: Option<BrokerId>,
     /// `lease_duration − renew_deadline`.
     pub gap: Duration,

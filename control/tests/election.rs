@@ -500,6 +500,54 @@ fn taking_back_our_own_record_keeps_the_epoch() {
     assert_eq!(new_record.lease_transitions, 7);
 }
 
+// Only a Lease taken over because it ran out names the holder it replaced: that holder stopped
+// acting an election gap before the takeover, which the handover may count. A released Lease
+// (SIGTERM) names none, since its holder may have acknowledged itself an instant before the
+// release; nor does one that was never held or already named us. Renewals keep the answer.
+#[test]
+fn only_an_expired_lease_names_the_holder_it_replaced() {
+    let take = |observed: &LeaseRecord, now: u64| {
+        let mut c = ElectionState::new("b", ElectionConfig::default()).expect("config");
+        assert_eq!(c.expired_holder(), None, "not leading");
+        if now > 0 {
+            // First sight starts the expiry countdown.
+            assert_eq!(c.step(observed, 0), ElectionAction::Wait);
+        }
+        let ElectionAction::Acquire { new_record } = c.step(observed, now) else {
+            panic!("{observed:?} is taken at {now}");
+        };
+        let stored = LeaseRecord {
+            resource_version: "2".into(),
+            ..new_record
+        };
+        c.on_write_result(Ok(stored.clone()), now);
+        assert!(c.is_leader(now));
+        (c, stored)
+    };
+    let held_by = |holder: &str| LeaseRecord {
+        holder: Some(holder.into()),
+        lease_duration_ms: 15_000,
+        lease_transitions: 3,
+        resource_version: "1".into(),
+        ..LeaseRecord::default()
+    };
+    let (mut c, stored) = take(&held_by("a"), 15_000);
+    assert_eq!(c.expired_holder(), Some("a"));
+    assert!(matches!(
+        c.step(&stored, 17_000),
+        ElectionAction::Renew { .. }
+    ));
+    c.on_write_result(Ok(stored.clone()), 17_000);
+    assert_eq!(c.expired_holder(), Some("a"), "kept across renewals");
+    let released = LeaseRecord {
+        holder: None,
+        ..held_by("a")
+    };
+    assert_eq!(take(&released, 0).0.expired_holder(), None);
+    assert_eq!(take(&LeaseRecord::default(), 0).0.expired_holder(), None);
+    assert_eq!(take(&held_by("b"), 0).0.expired_holder(), None);
+}
+
 // The design's timings are the defaults, and orderings that break fencing are refused.
 #[test]
 fn config_defaults_and_validation() {

@@ -323,6 +323,7 @@ async fn statuses_are_acknowledged_only_while_the_lease_is_valid() {
         holder: Some("0@c".into()),
         epoch: 3,
         leader_until: Some(tokio::time::Instant::now() + Duration::from_secs(60)),
+        expired_holder: None,
     });
     let config = ServerConfig {
         leadership: Some(leadership),

@@ -31,15 +31,18 @@ pub(super) async fn controller_loop(
     shards: Arc<Shards>,
     mut leadership: watch::Receiver<Leadership>,
     accepted: watch::Receiver<Option<Arc<Assignment>>>,
-    previous_holder: Arc<std::sync::Mutex<Option<i32>>>,
 ) {
     loop {
         // Wait to become controller.
-        let epoch = loop {
+        let (epoch, prev_holder) = loop {
             {
                 let l = leadership.borrow_and_update();
                 if l.leads_now() {
-                    break l.epoch;
+                    // The holder whose Lease ran out when we took it over: its own fence
+                    // closed an election gap before our start. A released Lease gives no such
+                    // gap (see kaas_control::handover).
+                    let expired = l.expired_holder.as_deref().and_then(super::parse_identity);
+                    break (l.epoch, expired.map(|(id, _)| BrokerId(id)));
                 }
             }
             if leadership.changed().await.is_err() {
@@ -74,12 +77,6 @@ pub(super) async fn controller_loop(
             let _ = stop_rx.await;
         }));
         let lead_start = Instant::now();
-        // The holder before us (or an earlier one, never a later one): its own fence closed an
-        // election gap before our start (see kaas_control::handover).
-        let prev_holder = previous_holder
-            .lock()
-            .expect("previous holder lock")
-            .map(BrokerId);
         let mut alive = server.alive();
         // Rounds are cheap (the last file written is kept in memory; the file is read once per
         // claim), so they run often: a handover completes one round after it may.

@@ -209,23 +209,16 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
     // The controller's address follows the Lease holder. Only a controller's acknowledgement
     // opens this broker's write fence: a Lease read never does (see kaas_control::handover).
     let (controller_tx, controller_rx) = watch::channel::<Option<String>>(None);
-    let previous_holder = Arc::new(std::sync::Mutex::new(None::<i32>));
     {
         let mut leadership = leadership.clone();
         let lease_epoch = lease_epoch.clone();
-        let previous_holder = previous_holder.clone();
-        let (view, me) = (shards.view.clone(), config.broker_id);
+        let view = shards.view.clone();
         tokio::spawn(async move {
             loop {
                 let l = leadership.borrow_and_update().clone();
                 lease_epoch.observe(l.epoch);
                 let holder = l.holder.as_deref().and_then(parse_identity);
                 view.set_lease_holder(holder.as_ref().map(|(id, _)| *id));
-                if let Some((id, _)) = &holder {
-                    if *id != me {
-                        *previous_holder.lock().expect("previous holder lock") = Some(*id);
-                    }
-                }
                 // The heartbeat client re-dials on every notification: only real changes.
                 set_if_changed(&controller_tx, holder.map(|(_, addr)| addr));
                 if leadership.changed().await.is_err() {
@@ -338,7 +331,6 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         shards.clone(),
         leadership.clone(),
         assignment_rx.clone(),
-        previous_holder,
     ));
 
     Ok(ClusterHandle {

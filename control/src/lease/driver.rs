@@ -49,6 +49,11 @@ pub struct Leadership {
     /// status, which extends that broker's write fence) compare it with the clock at the moment
     /// of acting, so a process resumed from a pause cannot act on a stale `leader: true`.
     pub leader_until: Option<Instant>,
+    /// When `leader`: the holder whose Lease had run out when we took it over, or `None` when
+    /// the Lease was free (released, never held) or already ours
+    /// ([`ElectionState::expired_holder`]). Only an expired holder's own write fence is known
+    /// to have closed an election gap before our takeover (`handover::silent_for`).
+    pub expired_holder: Option<String>,
 }
 
 impl Leadership {
@@ -262,6 +267,11 @@ impl<B: LeaseBackend> ElectionDriver<B> {
                 .filter(|_| leader)
                 .map(|until| self.start + Duration::from_millis(until)),
             holder: seen.and_then(|r| r.holder.clone()),
+            expired_holder: self
+                .state
+                .expired_holder()
+                .filter(|_| leader)
+                .map(str::to_string),
             epoch: match (leader, self.state.epoch()) {
                 (true, Some(epoch)) => epoch,
                 _ => seen.map_or(0, |r| r.lease_transitions),
