@@ -9,6 +9,9 @@
 #           server's version, default 1.36.3), as the API server is (kube_build in
 #           scripts/lib.sh) -> $KAAS_KUBE_DIR/
 #   coredns CoreDNS $KAAS_COREDNS_VERSION (default v1.15.0), `go install` from the module proxy
+#   crds    the monitoring.coreos.com CRDs (ServiceMonitor, PodMonitor, PrometheusRule) of
+#           prometheus-operator $KAAS_PROMETHEUS_OPERATOR_VERSION (default v0.85.0), from its
+#           module's example/prometheus-operator-crd/ through the module proxy -> $KAAS_KUBE_DIR/crds/
 #   apt     containerd and runc (the container runtime), containernetworking-plugins (the CNI
 #           bridge), busybox-static (the shell in the test images), iptables (kube-proxy)
 #
@@ -20,6 +23,7 @@
 #   KAAS_KUBE_DIR          where the binaries go, default $HOME/.cache/kaas/kube
 #   KAAS_KUBE_VERSION      Kubernetes version, default 1.36.3
 #   KAAS_COREDNS_VERSION   default v1.15.0
+#   KAAS_PROMETHEUS_OPERATOR_VERSION  default v0.85.0
 #   KAAS_SKIP_APT=1        do not apt-get (the packages must then be installed already)
 set -euo pipefail
 
@@ -27,6 +31,7 @@ kube_dir="${KAAS_KUBE_DIR:-$HOME/.cache/kaas/kube}"
 version="${KAAS_KUBE_VERSION:-1.36.3}"
 version="${version#v}"
 coredns_version="${KAAS_COREDNS_VERSION:-v1.15.0}"
+prom_op_version="${KAAS_PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 build_dir="$HOME/.cache/kaas/kube-node-build"
 commands=(kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
@@ -80,4 +85,25 @@ else
         "github.com/coredns/coredns@$coredns_version"
     echo "$coredns_version" > "$kube_dir/coredns.version"
     log "built in $(( $(date +%s) - start ))s"
+fi
+
+# -- the prometheus-operator CRDs --------------------------------------------------------------
+# The chart's monitoring objects are checked against these by a real API server (strict field
+# validation), not only rendered.
+crd_dir="$kube_dir/crds"
+crds=(servicemonitors podmonitors prometheusrules)
+if [[ "$(cat "$crd_dir/version" 2>/dev/null)" == "$prom_op_version" ]]; then
+    log "prometheus-operator $prom_op_version CRDs present in $crd_dir"
+else
+    command -v go >/dev/null || { log "the Go toolchain is needed to fetch the CRDs"; exit 1; }
+    log "fetching the prometheus-operator $prom_op_version CRDs"
+    module_dir="$(cd / && retry go mod download -json \
+        "github.com/prometheus-operator/prometheus-operator@$prom_op_version" \
+        | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+    [[ -d "$module_dir" ]] || { log "go mod download gave no module directory"; exit 1; }
+    mkdir -p "$crd_dir"
+    for c in "${crds[@]}"; do
+        cp "$module_dir/example/prometheus-operator-crd/monitoring.coreos.com_$c.yaml" "$crd_dir/"
+    done
+    echo "$prom_op_version" > "$crd_dir/version"
 fi

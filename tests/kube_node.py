@@ -67,11 +67,19 @@ SYSCTLS = ["net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables", "vm/over
 POD_MEMLOCK_BYTES = 8 << 20
 BINARIES = ["kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
             "kube-proxy", "coredns", "etcd"]
+# prometheus-operator's monitoring.coreos.com CRDs (scripts/install-kube-node.sh).
+CRD_DIR = KUBE_DIR / "crds"
+CRDS = ["servicemonitors", "podmonitors", "prometheusrules"]
+
+
+def crd_files() -> list[Path]:
+    return [CRD_DIR / f"monitoring.coreos.com_{c}.yaml" for c in CRDS]
 
 
 def missing() -> list[str]:
     """What this machine lacks to run a node (empty when it can)."""
     lacking = [str(KUBE_DIR / b) for b in BINARIES if not os.access(KUBE_DIR / b, os.X_OK)]
+    lacking += [str(p) for p in crd_files() if not p.exists()]
     lacking += [tool for tool in ("containerd", "runc", "ctr", "iptables", "ip", "kcat", "cc",
                                   "openssl", "pgrep")
                 if shutil.which(tool) is None]

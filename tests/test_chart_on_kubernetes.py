@@ -395,3 +395,101 @@ def test_a_rolling_upgrade_of_a_cluster_loses_and_duplicates_nothing(node, relea
            " while producing")
     finish_kcat(node, "produce-during-upgrade", timeout=300)
     assert_read_back_once(node, "rolling", {"rolling": n})
+
+
+# Every optional object the chart can render, each switched on.
+EVERYTHING = {
+    "replicaCount": 3, "cluster": {"enabled": True},
+    "external": {"enabled": True, "type": "NodePort", "advertisedHostPattern": "{hostIP}"},
+    "service": {"type": "NodePort", "nodePorts": {"kafka": 30092}},
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                "dashboard": {"enabled": True}},
+    "networkPolicy": {"enabled": True, "allowedClients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+    "topics": [{"name": "orders", "partitions": 6, "config": {"retention.ms": 604800000}}],
+    "commonLabels": {"team": "streaming"},
+    "extraVolumes": [{"name": "scratch", "emptyDir": {}}],
+    "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "initContainers": [{"name": "hello", "image": "busybox", "command": ["true"]}],
+    "sidecars": [{"name": "side", "image": "busybox", "command": ["sleep", "3600"]}],
+}
+MONITORING = {"metrics": EVERYTHING["metrics"], "networkPolicy": {"enabled": True}}
+# The ServiceMonitor's alternative (the chart refuses both at once: every broker scraped twice).
+POD_MONITOR = {"metrics": {"podMonitor": {"enabled": True}}}
+
+
+def install_monitoring_crds(node: kube_node.KubeNode) -> None:
+    """prometheus-operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, established."""
+    for path in kube_node.crd_files():
+        # server-side: the CRDs are too large for the last-applied annotation
+        node.kubectl("apply", "--server-side", "-f", str(path))
+    node.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                 *[f"crd/{c}.monitoring.coreos.com" for c in kube_node.CRDS], timeout=90)
+
+
+def test_every_object_the_chart_renders_passes_strict_validation_and_monitoring_finds_the_brokers(
+        node, release, tmp_path):
+    """With every optional part on (cluster mode, external access, the prometheus-operator
+    objects, the dashboard, the NetworkPolicy, the topics Job, extra volumes, init containers
+    and sidecars), every object the chart renders passes the API server's strict field
+    validation (a server-side dry run with --validate=strict: an unknown or misplaced field
+    fails, not only a wrong type), the monitoring objects against prometheus-operator's own
+    CRDs. Then one broker is installed with the monitoring objects and the NetworkPolicy: the
+    stored PrometheusRule holds the chart's alert rules unpruned, the ServiceMonitor's selector
+    finds exactly the headless Service and its endpoint port is a port of that Service, the
+    PodMonitor's selector finds the broker pod and its port is a container port, and /metrics
+    answers on that port. (prometheus-operator itself cannot run here: no registry for its
+    images; this follows what it does with the two monitors.)"""
+    install_monitoring_crds(node)
+    rendered = helm(node, "template", RELEASE, CHART, "--namespace", "default",
+                    "-f", _values(tmp_path, EVERYTHING))
+    kinds = sorted({m.group(1) for m in re.finditer(r"(?m)^kind: (\w+)", rendered)})
+    for kind in ("ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Job",
+                 "StatefulSet", "PodDisruptionBudget", "ConfigMap", "Service", "Role"):
+        assert kind in kinds, f"{kind} not rendered: {kinds}"
+    rendered += "\n---\n" + helm(node, "template", RELEASE, CHART, "--namespace", "default",
+                                  "--show-only", "templates/monitoring.yaml",
+                                  "-f", _values(tmp_path, POD_MONITOR))
+    kinds = sorted({m.group(1) for m in re.finditer(r"(?m)^kind: (\w+)", rendered)})
+    dry = subprocess.run([str(kube_node.KUBE_DIR / "kubectl"), "apply", "--dry-run=server",
+                          "--validate=strict", "-f", "-"], input=rendered, capture_output=True,
+                         text=True, env=node.env, timeout=120)
+    objects = len(re.findall(r"(?m)^kind: ", rendered))
+    assert dry.returncode == 0 and dry.stdout.count("(server dry run)") == objects, (
+        f"{objects} objects rendered, the dry run accepted:\n{dry.stdout}\n{dry.stderr}")
+    report(f"chart on Kubernetes: {objects} objects of every option ({', '.join(kinds)})"
+           f" pass strict server-side validation")
+
+    node.apply([persistent_volume(node, "pv-monitoring", ["ReadWriteOnce"])])
+    helm(node, "install", RELEASE, CHART, "-f", _values(tmp_path, MONITORING), "--wait",
+         "--timeout", INSTALL_TIMEOUT)
+    pods = wait_ready(node, 1)
+    import yaml
+    rules = json.loads(node.kubectl("get", "prometheusrule", RELEASE, "-o", "json"))
+    assert rules["spec"] == yaml.safe_load((CHART / "files" / "kaas-alerts.yaml").read_text())
+
+    def selected(kind: str, monitor: dict) -> list[dict]:
+        labels = ",".join(f"{k}={v}" for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+        return json.loads(node.kubectl("get", kind, "-l", labels, "-o", "json"))["items"]
+    sm = json.loads(node.kubectl("get", "servicemonitor", RELEASE, "-o", "json"))
+    services = selected("services", sm)
+    assert [s["metadata"]["name"] for s in services] == [f"{RELEASE}-headless"], services
+    port_name = sm["spec"]["endpoints"][0]["port"]
+    port = next((p["port"] for p in services[0]["spec"]["ports"] if p["name"] == port_name), None)
+    assert port is not None, f"the ServiceMonitor scrapes port {port_name!r}, not a port of {services[0]['spec']['ports']}"
+    node.kubectl("apply", "-f", "-", stdin=helm(
+        node, "template", RELEASE, CHART, "--namespace", "default", "--show-only",
+        "templates/monitoring.yaml", "-f", _values(tmp_path, POD_MONITOR)))
+    pm = json.loads(node.kubectl("get", "podmonitor", RELEASE, "-o", "json"))
+    assert [p["metadata"]["name"] for p in selected("pods", pm)] == list(pods), pm["spec"]["selector"]
+    pm_port = pm["spec"]["podMetricsEndpoints"][0]["port"]
+    container_ports = {p["name"]: p["containerPort"] for c in pods[f"{RELEASE}-0"]["spec"]["containers"]
+                       for p in c.get("ports", [])}
+    assert container_ports.get(pm_port) == port, (pm_port, container_ports, port)
+    ip = pods[f"{RELEASE}-0"]["status"]["podIP"]
+    path = sm["spec"]["endpoints"][0]["path"]
+    with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=10) as r:
+        body = r.read().decode()
+    assert "kaas_build_info" in body, body[:500]
+    dashboard = json.loads(node.kubectl("get", "configmap", f"{RELEASE}-dashboard", "-o", "json"))
+    assert json.loads(dashboard["data"]["kaas-dashboard.json"]) == json.loads(
+        (CHART / "files" / "kaas-dashboard.json").read_text())
