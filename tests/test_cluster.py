@@ -909,6 +909,56 @@ def test_sigterm_on_the_controller_hands_over_only_what_it_stopped_serving(make_
         load.abort()
 
 
+# An election gap (lease duration − renew deadline: 4 s) longer than the 3.5 s release time, as
+# with the binary's own timings (15 s and 10 s: 5 s), but a Lease that runs out in 6 s.
+GAP_LEASE_ARGS = ("--lease-duration-ms", "6000", "--lease-renew-deadline-ms", "2000",
+                  "--lease-retry-period-ms", "500")
+
+
+@logs_on_failure
+def test_a_controller_paused_past_its_lease_loses_nothing_its_successor_moved_at_once(make_cluster):
+    """The other way a Lease changes hands: it runs out. The successor names the paused holder
+    as the one it replaced and counts the election gap for it (the holder stopped
+    acknowledging itself at least that long before the takeover), so with a gap longer than the
+    release time it moves the paused broker's partitions in its first files, without waiting.
+    SIGSTOP the controller under idempotent acks=all load until it is replaced and its
+    partitions moved, then SIGCONT it with its requests in flight: it steps down, acknowledges
+    nothing it wrote after the move, every partition is acknowledged again, and every
+    acknowledged record is stored once, at its offset, in order."""
+    c = make_cluster(3, lease_args=GAP_LEASE_ARGS)
+    load = start_load(c)
+    try:
+        ctl = c.wait_controller()
+        old_epoch = ctl.healthz()["lease_epoch"]
+        load.start()
+        load.wait_acks(600)
+        ctl.pause()
+        paused_at = time.monotonic()
+        new_ctl = c.wait_controller(timeout=30, newer_than=old_epoch)
+        _, led = c.wait_settled(12, timeout=30)
+        moved_s = time.monotonic() - paused_at
+        assert ctl.id not in led, led
+        wrote = re.compile(r"wrote assignment.json epoch=(\d+) version=(\d+) partitions=(\d+)"
+                           r" .*ms_since_elected=(\d+)")
+        first_full = min((int(ms) for e, _, parts, ms in
+                          wrote.findall(new_ctl.log_path.read_text(errors="replace"))
+                          if int(e) > old_epoch and int(parts) == 12), default=None)
+        ctl.resume()
+        load.wait_acks_everywhere_since(time.monotonic(), timeout=60)
+        load.stop()
+        load.check_client_side()
+        n = verify(c.bootstrap(c.running()), "load", 12, [load])
+        assert not ctl.healthz()["is_controller"]
+        print(f"\ncontroller paused past a 6 s Lease: partitions moved {moved_s:.1f}s after"
+              f" SIGSTOP, every partition led {first_full} ms after the election;"
+              f" {len(load.acked)} acks, {n} stored")
+        # The gap was counted: nothing waited out the release time after the election.
+        assert first_full is not None and first_full < 3500, (
+            f"the successor led all 12 partitions only {first_full} ms after its election")
+    finally:
+        load.abort()
+
+
 @logs_on_failure
 def test_paused_controller_cannot_write_assignments(make_cluster):
     """A controller paused (SIGSTOP) past its Lease is replaced; once resumed (SIGCONT) it knows
