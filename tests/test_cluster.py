@@ -902,7 +902,11 @@ def test_sigterm_on_the_controller_hands_over_only_what_it_stopped_serving(make_
                    if OVERLAP in ln]
         assert by_time or not overlap, (
             f"another broker led a partition while broker {ctl.id} still had it open: {overlap}")
-        print(f"\ncontroller SIGTERM (15 s Leases): {len(load.acked)} acks, {n} stored;"
+        down = [int(ms) for node in c.running() for ms in re.findall(
+            r"heartbeat stream to the controller open again .*down_ms=(\d+)",
+            node.log_path.read_text(errors="replace"))]
+        print(f"\ncontroller SIGTERM (15 s Leases): the others' heartbeat streams down {down} ms;"
+              f" {len(load.acked)} acks, {n} stored;"
               f" files that took partitions from it: {sorted(given_up)}"
               f"{f', by time: {sorted(by_time)}' if by_time else ''}")
     finally:

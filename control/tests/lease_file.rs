@@ -57,6 +57,75 @@ async fn versions_and_conflicts() {
     assert!(lease.lease_path().ends_with("__cluster/lease.json"));
 }
 
+// Proves: a nudged candidate reads the Lease again within a quarter of its retry period rather
+// than at the next one, so a broker whose controller released the Lease (SIGTERM) learns it — and
+// here takes the free Lease — about 2 s after the release instead of up to 8 s; and the Lease it
+// took was released, not expired, so it names no expired holder (no election gap is counted for
+// the broker that released it).
+#[tokio::test]
+async fn a_nudged_candidate_reads_a_released_lease_within_a_quarter_retry() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kaas_control::election::ElectionConfig;
+    use kaas_control::lease::ElectionDriver;
+
+    const SLOW: ElectionConfig = ElectionConfig {
+        lease_duration_ms: 20_000,
+        renew_deadline_ms: 12_000,
+        retry_period_ms: 8_000,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = harness::Events::default();
+    let holder = harness::spawn_driver(
+        0,
+        ElectionDriver::new(FileLease::new(dir.path()), "b0", SLOW).expect("config"),
+        &events,
+    );
+    harness::await_single_leader(&events, 2, &[0], Duration::from_secs(5)).await;
+    let nudge = Arc::new(tokio::sync::Notify::new());
+    let follower = harness::spawn_driver(
+        1,
+        ElectionDriver::new(FileLease::new(dir.path()), "b1", SLOW)
+            .expect("config")
+            .with_nudge(nudge.clone()),
+        &events,
+    );
+    // Its first round has read b0 as the holder; its next would come 8 s later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.shutdown().await;
+    let released = tokio::time::Instant::now();
+    nudge.notify_one();
+    let deadline = released + Duration::from_secs(5);
+    let took = loop {
+        let last = events
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(_, i, _)| *i == 1)
+            .map(|(at, _, l)| (*at, l.clone()));
+        if let Some((at, l)) = last.filter(|(_, l)| l.leader) {
+            break (at, l);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the nudged candidate did not take the released Lease within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        took.0 - released < Duration::from_secs(3),
+        "{:?}",
+        took.0 - released
+    );
+    assert_eq!(
+        took.1.expired_holder, None,
+        "a released Lease names no expired holder"
+    );
+    follower.shutdown().await;
+}
+
 /// Set in the environment of the candidate processes [`separate_processes_fail_over`] starts.
 const CHILD_DIR_ENV: &str = "KAAS_LEASE_TEST_CHILD_DIR";
 

@@ -166,15 +166,21 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
         )
     })?;
     let (drain_tx, drain_rx) = watch::channel(false);
+    // Notified when the controller closes this broker's heartbeat stream: the Lease is read
+    // again at once instead of at the next retry period (see ElectionDriver::with_nudge).
+    let nudge = Arc::new(tokio::sync::Notify::new());
     let leadership = match config.lease {
-        LeaseKind::File => {
-            start_election(&config, FileLease::new(&config.data_dir), drain_rx.clone())?
-        }
+        LeaseKind::File => start_election(
+            &config,
+            FileLease::new(&config.data_dir),
+            drain_rx.clone(),
+            nudge.clone(),
+        )?,
         LeaseKind::Kube => {
             let backend = KubeLease::in_pod()
                 .await
                 .context("connecting to the Kubernetes API for the kaas-controller Lease (run in a pod with a service account allowed to get/create/update leases, or use --lease file)")?;
-            start_election(&config, backend, drain_rx.clone())?
+            start_election(&config, backend, drain_rx.clone(), nudge.clone())?
         }
     };
 
@@ -277,6 +283,10 @@ pub async fn start(config: ClusterConfig, shards: Shards) -> anyhow::Result<Clus
                         }
                     },
                     ControllerEvent::Disconnected { addr, reason } => {
+                        // A controller that stepped down or released the Lease closes the
+                        // stream first: learn its successor now, not a retry period later,
+                        // so that a successor acknowledges this broker within its fence.
+                        nudge.notify_one();
                         match report.disconnected(Instant::now()) {
                             stream_report::Report::Lost => {
                                 tracing::warn!(controller = %addr, %reason, "heartbeat stream to the controller lost; writes stop being acknowledged if it is not back within the write fence (re-dialling; the next message is when it is back)")
@@ -348,9 +358,11 @@ fn start_election<B: LeaseBackend + 'static>(
     config: &ClusterConfig,
     backend: B,
     mut drain: watch::Receiver<bool>,
+    nudge: Arc<tokio::sync::Notify>,
 ) -> anyhow::Result<watch::Receiver<Leadership>> {
     let driver = ElectionDriver::new(backend, config.identity(), config.election)
-        .context("invalid lease timings")?;
+        .context("invalid lease timings")?
+        .with_nudge(nudge.clone());
     // Our own channel, alive for the whole process: a draining broker stops competing but must
     // keep following the Lease holder, to heartbeat to whoever moves its partitions.
     let (tx, rx) = watch::channel(Leadership::default());
@@ -378,9 +390,10 @@ fn start_election<B: LeaseBackend + 'static>(
         candidate.abort();
         // Drained: the Lease was released if held. Observe only from now on — a released
         // candidate never acquires again.
-        let Ok(mut observer) = ElectionDriver::new(backend, identity, election) else {
+        let Ok(observer) = ElectionDriver::new(backend, identity, election) else {
             return;
         };
+        let mut observer = observer.with_nudge(nudge);
         observer.release().await;
         tokio::spawn(forward(observer.subscribe(), tx));
         observer.run(std::future::pending::<()>()).await;

@@ -9,8 +9,11 @@
 //! outstanding, and (c) lets nobody act after [`ElectionState::is_leader`] turns false. Here:
 //!
 //! - (a) each round reads, steps, performs the action and feeds its result back, then sleeps
-//!   until one retry period after the round began (a holder wakes earlier, when its next
-//!   renewal is due);
+//!   until one retry period after the round began. A holder wakes earlier, when its next
+//!   renewal is due; anyone wakes earlier when nudged ([`ElectionDriver::with_nudge`]: a sign
+//!   that the holder changed), but never less than a quarter of a retry period after the round
+//!   began. Reading more often changes no expiry, which counts from the first sight of a
+//!   record: it only learns of a new or released holder sooner;
 //! - (b) a round awaits its write before the next round begins; every read and write is bounded
 //!   by [`ElectionDriver::io_timeout`], and a timed-out write counts as not written;
 //! - (c) the published [`Leadership::leader`] turns false at the deadline itself: between
@@ -23,9 +26,10 @@
 //! tests and real runs use the same code.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
 use tracing::{debug, info, warn};
 
@@ -74,6 +78,7 @@ pub struct ElectionDriver<B> {
     io_timeout: Duration,
     last_seen: Option<LeaseRecord>,
     tx: watch::Sender<Leadership>,
+    nudge: Arc<Notify>,
 }
 
 impl<B: LeaseBackend> ElectionDriver<B> {
@@ -93,7 +98,17 @@ impl<B: LeaseBackend> ElectionDriver<B> {
             io_timeout: Duration::from_millis(config.retry_period_ms),
             last_seen: None,
             tx,
+            nudge: Arc::new(Notify::new()),
         })
+    }
+
+    /// Reads the Lease again soon when `nudge` is notified, instead of at the next retry
+    /// period: for a broker whose heartbeat stream the controller just closed (it stepped down
+    /// or released the Lease), which otherwise dials the old address for up to a retry period
+    /// while its write fence runs out.
+    pub fn with_nudge(mut self, nudge: Arc<Notify>) -> Self {
+        self.nudge = nudge;
+        self
     }
 
     /// Bounds each Lease read and write (default: the retry period). A write that times out is
@@ -144,6 +159,14 @@ impl<B: LeaseBackend> ElectionDriver<B> {
             tokio::select! {
                 () = &mut shutdown => break,
                 () = sleep_until(wake) => {}
+                () = self.nudge.notified() => {
+                    // At most four rounds per retry period, however often it is nudged.
+                    let soon = wake.min(round_start + retry / 4);
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = sleep_until(soon) => {}
+                    }
+                }
             }
         }
         self.release().await;
