@@ -848,6 +848,16 @@ def test_sigterm_drains_partitions_before_exit(make_cluster):
 OVERLAP = "a newer leader epoch owns this partition"
 
 
+WROTE = re.compile(r"wrote assignment.json epoch=(\d+) version=(\d+) partitions=(\d+)"
+                   r" .*ms_since_elected=(\d+)")
+
+
+def files_written(node) -> list[tuple[int, int, int, int]]:
+    """(epoch, version, partitions led, ms since its election) of every assignment file the
+    broker wrote as controller, from its log."""
+    return [tuple(map(int, m)) for m in WROTE.findall(node.log_path.read_text(errors="replace"))]
+
+
 @logs_on_failure
 def test_sigterm_on_the_controller_hands_over_only_what_it_stopped_serving(make_cluster):
     """SIGTERM on the controller with the binary's own Lease timings (15 s, renew deadline
@@ -889,9 +899,7 @@ def test_sigterm_on_the_controller_hands_over_only_what_it_stopped_serving(make_
         # A move straight to the new leader is right only once the draining broker was silent
         # past the release time (3.5 s after the election at the earliest): a machine too
         # loaded for it to reconnect by then. Such a file is not held against the broker.
-        wrote = re.compile(r"wrote assignment.json epoch=(\d+) version=(\d+) .*ms_since_elected=(\d+)")
-        elected_ms = {(int(e), int(v)): int(ms) for e, v, ms in
-                      wrote.findall(new_ctl.log_path.read_text(errors="replace"))}
+        elected_ms = {(e, v): ms for e, v, _, ms in files_written(new_ctl)}
         by_time = {k for k in given_up if elected_ms.get(k, 0) >= 3500}
         taken_at_once = {n.id: (e, v) for n in c.running() for e, v, t, _ in moves(n)
                          if t > 0 and (e, v) in given_up - by_time}
@@ -942,11 +950,8 @@ def test_a_controller_paused_past_its_lease_loses_nothing_its_successor_moved_at
         _, led = c.wait_settled(12, timeout=30)
         moved_s = time.monotonic() - paused_at
         assert ctl.id not in led, led
-        wrote = re.compile(r"wrote assignment.json epoch=(\d+) version=(\d+) partitions=(\d+)"
-                           r" .*ms_since_elected=(\d+)")
-        first_full = min((int(ms) for e, _, parts, ms in
-                          wrote.findall(new_ctl.log_path.read_text(errors="replace"))
-                          if int(e) > old_epoch and int(parts) == 12), default=None)
+        first_full = min((ms for e, _, parts, ms in files_written(new_ctl)
+                          if e > old_epoch and parts == 12), default=None)
         ctl.resume()
         load.wait_acks_everywhere_since(time.monotonic(), timeout=60)
         load.stop()

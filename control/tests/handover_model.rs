@@ -736,6 +736,35 @@ proptest! {
     }
 }
 
+/// The start of the directed schedules: broker 0 wins the Lease (epoch 1) and, through its first
+/// file, leads partition 0; broker 1 follows, heard and acknowledged.
+fn broker_0_controls_and_leads_partition_0() -> World {
+    use Event::*;
+    let mut w = World::new();
+    for e in [Election(0), Election(0), Election(0), Election(1)] {
+        w.apply(&e);
+    }
+    assert_eq!(w.nodes[0].term.as_ref().map(|t| t.epoch), Some(1));
+    for e in [
+        Status(0),
+        Status(1),
+        Deliver(0),
+        AckDeliver(0),
+        AckDeliver(1),
+        Round(0, 0),
+        FileLand(0),
+        Watch(0),
+        Watch(1),
+    ] {
+        w.apply(&e);
+    }
+    assert!(
+        w.nodes[0].serving.contains_key(&0),
+        "broker 0 leads partition 0"
+    );
+    w
+}
+
 // The schedule found in a fault run: the controller pauses past its Lease with a write in
 // flight; the successor moves its partitions by time; the old controller resumes, dials the
 // successor, and is acknowledged while it still serves the old file. Its landed write must not
@@ -743,29 +772,8 @@ proptest! {
 #[test]
 fn a_resumed_controller_is_not_acknowledged_before_it_applied_the_move() {
     use Event::*;
-    let mut w = World::new();
     let run = |w: &mut World, es: &[Event]| es.iter().for_each(|e| w.apply(e));
-    // Broker 0 wins the Lease and leads partition 0; broker 1 follows.
-    run(
-        &mut w,
-        &[Election(0), Election(0), Election(0), Election(1)],
-    );
-    assert_eq!(w.nodes[0].term.as_ref().map(|t| t.epoch), Some(1));
-    run(
-        &mut w,
-        &[
-            Status(0),
-            Status(1),
-            Deliver(0),
-            AckDeliver(0),
-            AckDeliver(1),
-        ],
-    );
-    run(&mut w, &[Round(0, 0), FileLand(0), Watch(0), Watch(1)]);
-    assert!(
-        w.nodes[0].serving.contains_key(&0),
-        "broker 0 leads partition 0"
-    );
+    let mut w = broker_0_controls_and_leads_partition_0();
     run(
         &mut w,
         &[Status(0), Deliver(0), AckDeliver(0), BeginWrite(0, 0)],
@@ -810,27 +818,8 @@ fn a_resumed_controller_is_not_acknowledged_before_it_applied_the_move() {
 #[test]
 fn a_released_lease_gives_the_draining_controller_no_election_gap() {
     use Event::*;
-    let mut w = World::new();
     let run = |w: &mut World, es: &[Event]| es.iter().for_each(|e| w.apply(e));
-    run(
-        &mut w,
-        &[Election(0), Election(0), Election(0), Election(1)],
-    );
-    run(
-        &mut w,
-        &[
-            Status(0),
-            Status(1),
-            Deliver(0),
-            AckDeliver(0),
-            AckDeliver(1),
-        ],
-    );
-    run(&mut w, &[Round(0, 0), FileLand(0), Watch(0), Watch(1)]);
-    assert!(
-        w.nodes[0].serving.contains_key(&0),
-        "broker 0 leads partition 0"
-    );
+    let mut w = broker_0_controls_and_leads_partition_0();
     run(&mut w, &[Status(0), Deliver(0), AckDeliver(0)]);
     // SIGTERM: broker 0 gives the Lease up; broker 1 takes the free Lease at once.
     run(&mut w, &[Release(0), Election(1), Election(1), Election(1)]);
