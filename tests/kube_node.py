@@ -5,7 +5,8 @@ Every part is the real one, built or installed by scripts/install-kube-node.sh: 
 kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet on Debian's containerd and
 runc, kube-proxy (iptables mode) and CoreDNS. No image registry is reachable, so the images are
 built here from files on this machine (`oci_image`) and imported into containerd: the kaas
-binary under test, a kcat image for the chart's `helm test` pod, and the pod sandbox's `pause`.
+binary under test, a kcat image for the chart's `helm test` pod, Kafka's tools for its topics
+Job, and the pod sandbox's `pause`.
 
 Networking: the CNI bridge `kaas-k8s0` is created first with the address 10.244.0.1/24, and the
 API server, the kubelet and CoreDNS listen on that address only: the pods reach them through
@@ -172,7 +173,11 @@ class Layer:
     def program(self, path: str, host: str, xattrs: dict[str, bytes] | None = None) -> None:
         """A dynamically linked program and the libraries ldd finds for it."""
         self.file(path, host, xattrs)
-        for lib in _ldd(host):
+        self.libraries(host)
+
+    def libraries(self, host: str) -> None:
+        """The libraries ldd finds for `host` that the layer lacks, at the paths ldd names."""
+        for lib in map(os.path.normpath, _ldd(host)):  # $ORIGIN paths hold `..`
             if lib.strip("/") not in self._files:
                 self.file(lib, os.path.realpath(lib))
 
@@ -255,6 +260,48 @@ def kcat_image(dest: Path, name: str) -> Path:
     layer.directory("/tmp", 0o1777)
     return oci_image(dest, name, layer, {"Entrypoint": ["/usr/bin/kcat"],
                                          "Env": ["PATH=/usr/bin:/bin"]})
+
+
+# What of the JDK an image of Kafka's tools leaves out: sources, modules for javac, GUI libraries.
+_JDK_SKIPPED = ("src.zip", "ct.sym", "jmods", "awt", "atk", "splash", "jsound", "fontmanager",
+                "lcms", "jpeg", "mlib", "jawt", "j2pcsc", "saproc")
+
+
+def kafka_tools_image(dest: Path, name: str, kafka_libs: Path) -> Path:
+    """What the chart's topics Job needs of the apache/kafka image (no registry serves it here):
+    /opt/kafka/bin/kafka-topics.sh and kafka-configs.sh, running Apache Kafka's own tool classes
+    from the jars scripts/fetch-kafka.sh fetched, on this machine's JRE with its libraries, with
+    a shell and awk (busybox) for the Job's script, as the image's user appuser (uid 1000)."""
+    # the JDK that runs `java` here (the tests run Kafka's tools with it)
+    java_home = Path(shutil.which("java") or "java").resolve().parent.parent
+    layer = Layer()
+    layer.data("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"
+                              b"appuser:x:1000:1000::/home/appuser:/bin/sh\n")
+    layer.data("/etc/group", b"root:x:0:\nappuser:x:1000:\n")
+    layer.directory("/tmp", 0o1777)
+    layer.busybox(["sh", "awk", "sleep", "printf", "echo", "cat"])
+    executables = []
+    for host in sorted(java_home.rglob("*")):
+        rel = host.relative_to(java_home)
+        wanted = rel.parts[0] in ("conf", "lib") or rel == Path("bin/java")
+        skipped = any(word in part for word in _JDK_SKIPPED for part in rel.parts)
+        # conf/ links into /etc: the files themselves (a dangling link is left out)
+        if wanted and not skipped and host.is_file():
+            layer.file(str(host), str(host.resolve()))
+            if host.suffix == ".so" or rel == Path("bin/java"):
+                executables.append(str(host))
+    for host in executables:
+        layer.libraries(host)
+    for jar in sorted(kafka_libs.glob("*.jar")):
+        layer.file(f"/opt/kafka/libs/{jar.name}", str(jar))
+    for tool, main in (("kafka-topics", "org.apache.kafka.tools.TopicCommand"),
+                       ("kafka-configs", "org.apache.kafka.tools.ConfigCommand")):
+        # kafka-run-class.sh's default heap for the tools
+        layer.data(f"/opt/kafka/bin/{tool}.sh",
+                   f'#!/bin/sh\nexec {java_home}/bin/java -Xmx256M -Dlog4j2.level=warn '
+                   f'-cp "/opt/kafka/libs/*" {main} "$@"\n'.encode(), 0o755)
+    return oci_image(dest, name, layer, {"User": "1000:1000", "WorkingDir": "/tmp",
+                                         "Env": ["PATH=/opt/kafka/bin:/bin"]})
 
 
 def pause_image(dest: Path, workdir: Path) -> Path:

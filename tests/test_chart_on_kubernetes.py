@@ -5,7 +5,8 @@ CoreDNS. What `helm template` and the schemas cannot show (tests/test_deploy.py)
 start and become ready, that `helm test` produces and consumes through the client Service, that
 the data outlives a pod, and that cluster mode elects a controller through the real Lease API,
 loses no record when a partition leader is killed or when a rolling upgrade replaces every
-broker, and stops promptly when scaled to zero.
+broker, stops promptly when scaled to zero, and that the topics Job, with Kafka's own tools,
+brings declared topics into shape on install and upgrade.
 
 Needs root and the binaries of scripts/install-kube-apiserver.sh and
 scripts/install-kube-node.sh (the test command's installer runs both); without them the tests
@@ -91,6 +92,9 @@ def release(node):
                  timeout=90)
     node.kubectl("delete", "pods", "--all", "--wait=true", "--timeout=60s", check=False,
                  timeout=90)
+    # a failed hook Job outlives its release (for its logs)
+    node.kubectl("delete", "jobs", "--all", "--wait=true", "--timeout=60s", check=False,
+                 timeout=90)
 
 
 def _kcat_image_name() -> str:
@@ -145,11 +149,11 @@ def persistent_volume(node: kube_node.KubeNode, name: str, modes: list[str]) -> 
                      "hostPath": {"path": str(path), "type": "Directory"}}}
 
 
-def start_kcat(node: kube_node.KubeNode, name: str, script: str) -> None:
-    """Start a kcat pod in the cluster running `script` (sh)."""
+def start_kcat(node: kube_node.KubeNode, name: str, script: str, image: str | None = None) -> None:
+    """Start a kcat pod in the cluster running `script` (sh); `image` instead of kcat's."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
            "spec": {"restartPolicy": "Never", "containers": [{
-               "name": "kcat", "image": _kcat_image_name(), "imagePullPolicy": "Never",
+               "name": "kcat", "image": image or _kcat_image_name(), "imagePullPolicy": "Never",
                "command": ["/bin/sh", "-ec", script]}]}}
     node.apply([pod])
 
@@ -180,9 +184,10 @@ def finish_kcat(node: kube_node.KubeNode, name: str, timeout: float = 120) -> st
     return log
 
 
-def kcat(node: kube_node.KubeNode, name: str, script: str, timeout: float = 120) -> str:
+def kcat(node: kube_node.KubeNode, name: str, script: str, timeout: float = 120,
+         image: str | None = None) -> str:
     """Run a kcat pod in the cluster with `script` (sh) and return its log; fails if it fails."""
-    start_kcat(node, name, script)
+    start_kcat(node, name, script, image)
     return finish_kcat(node, name, timeout)
 
 
@@ -493,3 +498,63 @@ def test_every_object_the_chart_renders_passes_strict_validation_and_monitoring_
     dashboard = json.loads(node.kubectl("get", "configmap", f"{RELEASE}-dashboard", "-o", "json"))
     assert json.loads(dashboard["data"]["kaas-dashboard.json"]) == json.loads(
         (CHART / "files" / "kaas-dashboard.json").read_text())
+
+
+# An image of Apache Kafka's tools built here (kube_node.kafka_tools_image): no registry serves
+# apache/kafka, the topics Job's default image.
+TOOLS_IMAGE = "kaas.local/kafka-tools:test"
+
+
+def topics_described(node: kube_node.KubeNode, name: str) -> dict[str, tuple[int, str]]:
+    """Each topic's partition count and `Configs:` field, as kafka-topics.sh describes them
+    from a pod of the tools image."""
+    out = kcat(node, name, f"kafka-topics.sh --bootstrap-server {BOOTSTRAP} --describe"
+                           " --exclude-internal", image=TOOLS_IMAGE)
+    return {m[1]: (int(m[2]), m[3].strip()) for m in re.finditer(
+        r"^Topic: (\S+)\s+TopicId: \S+\s+PartitionCount: (\d+).*?Configs:(.*)$", out, re.M)}
+
+
+def test_the_topics_job_creates_grows_and_configures_declared_topics(node, release, kafka_libs, tmp_path):
+    """`topics` in the values, reconciled by the chart's post-install and post-upgrade Job on the
+    node: the Job runs Kafka's kafka-topics.sh and kafka-configs.sh under its own pod security
+    (uid 1000, read-only root, an emptyDir /tmp, 512 MiB), reaches the broker through the client
+    Service, and `helm install` returns once the topics exist as declared. An upgrade raises a
+    partition count and changes a config; one asking for fewer partitions fails, and the failed
+    Job stays with the reason in its log. (The tools image is built here from the Kafka jars
+    and this machine's JRE; tests/test_deploy.py runs the same script against a bare broker.)"""
+    started = time.monotonic()
+    node.import_image(kube_node.kafka_tools_image(tmp_path / "kafka-tools.tar", TOOLS_IMAGE,
+                                                  kafka_libs))
+    node.apply([persistent_volume(node, "pv-topics", ["ReadWriteOnce"])])
+    repo, tag = TOOLS_IMAGE.rsplit(":", 1)
+
+    def values(topics: list[dict]) -> Path:
+        return _values(tmp_path, {"topics": topics, "topicsJob": {
+            "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"}}})
+
+    topics = [{"name": "orders", "partitions": 3, "config": {"retention.ms": 604800000}},
+              {"name": "audit.log", "partitions": 1, "config": {"max.message.bytes": 2097152}}]
+    helm(node, "install", RELEASE, CHART, "-f", values(topics), "--wait",
+         "--timeout", INSTALL_TIMEOUT)
+    report(f"chart on Kubernetes: installed with 2 declared topics in"
+           f" {time.monotonic() - started:.0f}s (the tools image imported, the Job run)")
+    assert topics_described(node, "describe-installed") == {
+        "orders": (3, "retention.ms=604800000"), "audit.log": (1, "max.message.bytes=2097152")}
+    # hook-succeeded: a Job that did its work is removed
+    assert node.kubectl("get", "jobs", "-o", "name") == ""
+
+    topics[0] = {"name": "orders", "partitions": 5, "config": {"retention.ms": 86400000}}
+    helm(node, "upgrade", RELEASE, CHART, "-f", values(topics), "--wait",
+         "--timeout", INSTALL_TIMEOUT)
+    assert topics_described(node, "describe-upgraded") == {
+        "orders": (5, "retention.ms=86400000"), "audit.log": (1, "max.message.bytes=2097152")}
+
+    topics[0]["partitions"] = 2
+    p = subprocess.run([node.helm_binary, "upgrade", RELEASE, CHART, "-f", values(topics),
+                        "--wait", "--timeout", INSTALL_TIMEOUT], capture_output=True, text=True,
+                       env=node.env, timeout=300)
+    assert p.returncode != 0, p.stdout
+    assert "kaas-topics" in p.stderr, p.stderr
+    log = node.kubectl("logs", "job/kaas-topics")
+    assert "topic orders has 5 partitions, more than the 2 asked for" in log, log
+    assert topics_described(node, "describe-refused")["orders"] == (5, "retention.ms=86400000")
