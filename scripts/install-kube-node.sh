@@ -9,14 +9,18 @@
 #           server's version, default 1.36.3), as the API server is (kube_build in
 #           scripts/lib.sh) -> $KAAS_KUBE_DIR/
 #   coredns CoreDNS $KAAS_COREDNS_VERSION (default v1.15.0), `go install` from the module proxy
-#   crds    the monitoring.coreos.com CRDs (ServiceMonitor, PodMonitor, PrometheusRule) of
-#           prometheus-operator $KAAS_PROMETHEUS_OPERATOR_VERSION (default v0.85.0), from its
-#           module's example/prometheus-operator-crd/ through the module proxy -> $KAAS_KUBE_DIR/crds/
+#   prometheus-operator $KAAS_PROMETHEUS_OPERATOR_VERSION (default v0.85.0) from the module
+#           proxy: its monitoring.coreos.com CRDs (example/prometheus-operator-crd/ ->
+#           $KAAS_KUBE_DIR/crds/), the operator and its config reloader (built -> $KAAS_KUBE_DIR/
+#           prometheus-operator, prometheus-config-reloader)
+#   prometheus  Prometheus $KAAS_PROMETHEUS_VERSION (default 3.5.0) with Kubernetes service
+#           discovery, built from the module proxy -> $KAAS_KUBE_DIR/prometheus
 #   apt     containerd and runc (the container runtime), containernetworking-plugins (the CNI
 #           bridge), busybox-static (the shell in the test images), iptables (kube-proxy)
 #
 # Cost on the project's 2-core machine, after install-kube-apiserver.sh filled the Go build
-# cache: ~3 min for the five Kubernetes commands, ~3 min for CoreDNS; ~420 MB of binaries.
+# cache: ~3 min for the five Kubernetes commands, ~3 min for CoreDNS, ~1.5 min each for
+# prometheus-operator and Prometheus; ~600 MB of binaries.
 # Every Go step runs under `nice -n 19`.
 #
 # Environment:
@@ -24,6 +28,7 @@
 #   KAAS_KUBE_VERSION      Kubernetes version, default 1.36.3
 #   KAAS_COREDNS_VERSION   default v1.15.0
 #   KAAS_PROMETHEUS_OPERATOR_VERSION  default v0.85.0
+#   KAAS_PROMETHEUS_VERSION           default 3.5.0
 #   KAAS_SKIP_APT=1        do not apt-get (the packages must then be installed already)
 set -euo pipefail
 
@@ -32,6 +37,9 @@ version="${KAAS_KUBE_VERSION:-1.36.3}"
 version="${version#v}"
 coredns_version="${KAAS_COREDNS_VERSION:-v1.15.0}"
 prom_op_version="${KAAS_PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
+# the newest Prometheus prometheus-operator v0.85.0 is tested with
+prom_version="${KAAS_PROMETHEUS_VERSION:-3.5.0}"
+prom_version="${prom_version#v}"
 build_dir="$HOME/.cache/kaas/kube-node-build"
 commands=(kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
 
@@ -87,23 +95,78 @@ else
     log "built in $(( $(date +%s) - start ))s"
 fi
 
-# -- the prometheus-operator CRDs --------------------------------------------------------------
-# The chart's monitoring objects are checked against these by a real API server (strict field
-# validation), not only rendered.
+# -- prometheus-operator: its CRDs, the operator and its config reloader -----------------------
+# The chart's monitoring objects are checked against the CRDs by a real API server (strict field
+# validation), and the operator runs on the node: it turns the ServiceMonitor, PodMonitor and
+# PrometheusRule into a Prometheus's configuration (tests/test_chart_on_kubernetes.py).
 crd_dir="$kube_dir/crds"
-crds=(servicemonitors podmonitors prometheusrules)
-if [[ "$(cat "$crd_dir/version" 2>/dev/null)" == "$prom_op_version" ]]; then
-    log "prometheus-operator $prom_op_version CRDs present in $crd_dir"
+present=1
+for b in prometheus-operator prometheus-config-reloader; do
+    [[ -x "$kube_dir/$b" ]] || present=0
+done
+if [[ $present == 1 && "$(cat "$kube_dir/prometheus-operator.version" 2>/dev/null)" == "$prom_op_version" ]]; then
+    log "prometheus-operator $prom_op_version (CRDs, operator, config reloader) present in $kube_dir"
 else
-    command -v go >/dev/null || { log "the Go toolchain is needed to fetch the CRDs"; exit 1; }
-    log "fetching the prometheus-operator $prom_op_version CRDs"
+    command -v go >/dev/null || { log "the Go toolchain is needed to build prometheus-operator"; exit 1; }
+    log "building prometheus-operator $prom_op_version"
+    start=$(date +%s)
     module_dir="$(cd / && retry go mod download -json \
         "github.com/prometheus-operator/prometheus-operator@$prom_op_version" \
         | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
     [[ -d "$module_dir" ]] || { log "go mod download gave no module directory"; exit 1; }
+    rm -rf "$crd_dir"
     mkdir -p "$crd_dir"
-    for c in "${crds[@]}"; do
-        cp "$module_dir/example/prometheus-operator-crd/monitoring.coreos.com_$c.yaml" "$crd_dir/"
-    done
-    echo "$prom_op_version" > "$crd_dir/version"
+    cp "$module_dir"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml "$crd_dir/"
+    # The module's go.mod points its API and client modules at directories its module zip
+    # leaves out; the proxy serves them as modules of their own at the same version.
+    op_build="$HOME/.cache/kaas/prometheus-operator-build"
+    rm -rf "$op_build"
+    cp -r "$module_dir" "$op_build"
+    chmod -R u+w "$op_build"
+    (
+        cd "$op_build"
+        go mod edit \
+            -dropreplace=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring \
+            -dropreplace=github.com/prometheus-operator/prometheus-operator/pkg/client
+        CGO_ENABLED=0 GOFLAGS=-mod=mod retry nice -n 19 go build -trimpath -ldflags "-s -w" \
+            -o "$op_build/bin/" ./cmd/operator ./cmd/prometheus-config-reloader
+    )
+    install -m 0755 "$op_build/bin/operator" "$kube_dir/prometheus-operator"
+    install -m 0755 "$op_build/bin/prometheus-config-reloader" "$kube_dir/prometheus-config-reloader"
+    rm -rf "$op_build"
+    echo "$prom_op_version" > "$kube_dir/prometheus-operator.version"
+    log "built in $(( $(date +%s) - start ))s"
+fi
+
+# -- Prometheus, for the operator to run -----------------------------------------------------------
+# Debian's Prometheus is built without Kubernetes service discovery, which the operator's
+# configurations use; this one has that alone among the discovery plugins (the others cost
+# minutes of build). Prometheus X.Y.Z is Go module version v0.(100X+Y).Z.
+prom_module_version="v0.$(( ${prom_version%%.*} * 100 + $(echo "$prom_version" | cut -d. -f2) )).${prom_version##*.}"
+if [[ -x "$kube_dir/prometheus" && "$(cat "$kube_dir/prometheus.version" 2>/dev/null)" == "$prom_version" ]]; then
+    log "prometheus $prom_version present in $kube_dir"
+else
+    command -v go >/dev/null || { log "the Go toolchain is needed to build prometheus"; exit 1; }
+    log "building prometheus $prom_version (module $prom_module_version)"
+    start=$(date +%s)
+    module_dir="$(cd / && retry go mod download -json \
+        "github.com/prometheus/prometheus@$prom_module_version" \
+        | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+    [[ -d "$module_dir" ]] || { log "go mod download gave no module directory"; exit 1; }
+    prom_build="$HOME/.cache/kaas/prometheus-build"
+    rm -rf "$prom_build"
+    cp -r "$module_dir" "$prom_build"
+    chmod -R u+w "$prom_build"
+    printf 'package plugins\n\nimport _ "github.com/prometheus/prometheus/discovery/kubernetes"\n' \
+        > "$prom_build/plugins/plugins.go"
+    (
+        cd "$prom_build"
+        CGO_ENABLED=0 GOFLAGS=-mod=mod retry nice -n 19 go build -trimpath \
+            -ldflags "-s -w -X github.com/prometheus/common/version.Version=$prom_version" \
+            -o "$prom_build/prometheus" ./cmd/prometheus
+    )
+    install -m 0755 "$prom_build/prometheus" "$kube_dir/prometheus"
+    rm -rf "$prom_build"
+    echo "$prom_version" > "$kube_dir/prometheus.version"
+    log "built in $(( $(date +%s) - start ))s"
 fi

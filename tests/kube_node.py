@@ -6,7 +6,7 @@ kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet on Debian's
 runc, kube-proxy (iptables mode) and CoreDNS. No image registry is reachable, so the images are
 built here from files on this machine (`oci_image`) and imported into containerd: the kaas
 binary under test, a kcat image for the chart's `helm test` pod, Kafka's tools for its topics
-Job, and the pod sandbox's `pause`.
+Job, prometheus-operator with Prometheus, and the pod sandbox's `pause`.
 
 Networking: the CNI bridge `kaas-k8s0` is created first with the address 10.244.0.1/24, and the
 API server, the kubelet and CoreDNS listen on that address only: the pods reach them through
@@ -67,10 +67,13 @@ SYSCTLS = ["net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables", "vm/over
 # The memlock limit systemd >= 253 gives containerd, and so every pod (deploy/README.md).
 POD_MEMLOCK_BYTES = 8 << 20
 BINARIES = ["kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
-            "kube-proxy", "coredns", "etcd"]
-# prometheus-operator's monitoring.coreos.com CRDs (scripts/install-kube-node.sh).
+            "kube-proxy", "coredns", "etcd", "prometheus-operator", "prometheus-config-reloader",
+            "prometheus"]
+# prometheus-operator's monitoring.coreos.com CRDs (scripts/install-kube-node.sh): every one,
+# as its operator expects them.
 CRD_DIR = KUBE_DIR / "crds"
-CRDS = ["servicemonitors", "podmonitors", "prometheusrules"]
+CRDS = ["servicemonitors", "podmonitors", "prometheusrules", "prometheuses", "prometheusagents",
+        "alertmanagers", "alertmanagerconfigs", "probes", "scrapeconfigs", "thanosrulers"]
 
 
 def crd_files() -> list[Path]:
@@ -302,6 +305,16 @@ def kafka_tools_image(dest: Path, name: str, kafka_libs: Path) -> Path:
                    f'-cp "/opt/kafka/libs/*" {main} "$@"\n'.encode(), 0o755)
     return oci_image(dest, name, layer, {"User": "1000:1000", "WorkingDir": "/tmp",
                                          "Env": ["PATH=/opt/kafka/bin:/bin"]})
+
+
+def program_image(dest: Path, name: str, host: str, path: str) -> Path:
+    """One program (with the libraries ldd finds for it) as the image's entrypoint, run as
+    nobody: prometheus-operator, its config reloader and Prometheus (built by
+    install-kube-node.sh), for the operator's pods (no registry serves their images)."""
+    layer = Layer()
+    layer.program(path, host)
+    layer.directory("/tmp", 0o1777)
+    return oci_image(dest, name, layer, {"Entrypoint": [path], "User": "65534:65534"})
 
 
 def pause_image(dest: Path, workdir: Path) -> Path:

@@ -5,8 +5,9 @@ CoreDNS. What `helm template` and the schemas cannot show (tests/test_deploy.py)
 start and become ready, that `helm test` produces and consumes through the client Service, that
 the data outlives a pod, and that cluster mode elects a controller through the real Lease API,
 loses no record when a partition leader is killed or when a rolling upgrade replaces every
-broker, stops promptly when scaled to zero, and that the topics Job, with Kafka's own tools,
-brings declared topics into shape on install and upgrade.
+broker, stops promptly when scaled to zero, that the topics Job, with Kafka's own tools,
+brings declared topics into shape on install and upgrade, and that prometheus-operator's
+Prometheus scrapes the brokers through the chart's monitors and evaluates its rules.
 
 Needs root and the binaries of scripts/install-kube-apiserver.sh and
 scripts/install-kube-node.sh (the test command's installer runs both); without them the tests
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -92,9 +94,11 @@ def release(node):
                  timeout=90)
     node.kubectl("delete", "pods", "--all", "--wait=true", "--timeout=60s", check=False,
                  timeout=90)
-    # a failed hook Job outlives its release (for its logs)
+    # a failed hook Job outlives its release (for its logs), and a test may have applied a
+    # monitor of its own
     node.kubectl("delete", "jobs", "--all", "--wait=true", "--timeout=60s", check=False,
                  timeout=90)
+    node.kubectl("delete", "servicemonitors,podmonitors,prometheusrules", "--all", check=False)
 
 
 def _kcat_image_name() -> str:
@@ -423,7 +427,7 @@ POD_MONITOR = {"metrics": {"podMonitor": {"enabled": True}}}
 
 
 def install_monitoring_crds(node: kube_node.KubeNode) -> None:
-    """prometheus-operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, established."""
+    """prometheus-operator's CRDs (the monitors and rules, and what its operator watches), established."""
     for path in kube_node.crd_files():
         # server-side: the CRDs are too large for the last-applied annotation
         node.kubectl("apply", "--server-side", "-f", str(path))
@@ -442,8 +446,7 @@ def test_every_object_the_chart_renders_passes_strict_validation_and_monitoring_
     stored PrometheusRule holds the chart's alert rules unpruned, the ServiceMonitor's selector
     finds exactly the headless Service and its endpoint port is a port of that Service, the
     PodMonitor's selector finds the broker pod and its port is a container port, and /metrics
-    answers on that port. (prometheus-operator itself cannot run here: no registry for its
-    images; this follows what it does with the two monitors.)"""
+    answers on that port. (The operator itself runs in the last test.)"""
     install_monitoring_crds(node)
     rendered = helm(node, "template", RELEASE, CHART, "--namespace", "default",
                     "-f", _values(tmp_path, EVERYTHING))
@@ -558,3 +561,160 @@ def test_the_topics_job_creates_grows_and_configures_declared_topics(node, relea
     log = node.kubectl("logs", "job/kaas-topics")
     assert "topic orders has 5 partitions, more than the 2 asked for" in log, log
     assert topics_described(node, "describe-refused")["orders"] == (5, "retention.ms=86400000")
+
+
+# prometheus-operator and the Prometheus it runs, in images built here (kube_node.program_image)
+# from what install-kube-node.sh builds: the operator, its config reloader and a Prometheus with
+# Kubernetes service discovery (Debian's has none).
+OPERATOR_IMAGE = "kaas.local/prometheus-operator:test"
+RELOADER_IMAGE = "kaas.local/prometheus-config-reloader:test"
+PROMETHEUS_IMAGE = "kaas.local/prometheus:test"
+# The label a kube-prometheus-stack Prometheus selects its monitors and rules by.
+STACK_LABEL = {"release": "kube-prometheus-stack"}
+
+
+def prometheus_version() -> str:
+    out = subprocess.run([kube_node.KUBE_DIR / "prometheus", "--version"], capture_output=True,
+                         text=True).stdout
+    return "v" + re.search(r"version (\d+\.\d+\.\d+)", out)[1]
+
+
+def _cluster_role(name: str, subject: str, role: str) -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": "default"}]}
+
+
+def operator_and_prometheus() -> list[dict]:
+    """prometheus-operator as a Deployment, and a Prometheus for it to run that selects
+    monitors and rules by STACK_LABEL, as kube-prometheus-stack's does. (The operator's account
+    is bound to cluster-admin: what it may do is not under test. Prometheus's account reads what
+    its service discovery reads.)"""
+    sa = lambda name: {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
+    labels = {"app": "prometheus-operator"}
+    return [
+        sa("prometheus-operator"), sa("prometheus"),
+        _cluster_role("kaas-test-prometheus-operator", "prometheus-operator", "cluster-admin"),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "kaas-test-prometheus"},
+         "rules": [{"apiGroups": [""], "resources": ["services", "endpoints", "pods"],
+                    "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"]}]},
+        _cluster_role("kaas-test-prometheus", "prometheus", "kaas-test-prometheus"),
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "prometheus-operator"},
+         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+             "metadata": {"labels": labels},
+             "spec": {"serviceAccountName": "prometheus-operator", "containers": [{
+                 "name": "operator", "image": OPERATOR_IMAGE, "imagePullPolicy": "Never",
+                 "args": [f"--prometheus-config-reloader={RELOADER_IMAGE}",
+                          "--namespaces=default"],
+                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}]}}}},
+        {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+         "metadata": {"name": "stack"},
+         "spec": {"image": PROMETHEUS_IMAGE, "version": prometheus_version(),
+                  "imagePullPolicy": "Never", "serviceAccountName": "prometheus", "replicas": 1,
+                  "scrapeInterval": "5s", "evaluationInterval": "5s",
+                  "serviceMonitorSelector": {"matchLabels": STACK_LABEL},
+                  "podMonitorSelector": {"matchLabels": STACK_LABEL},
+                  "ruleSelector": {"matchLabels": STACK_LABEL},
+                  "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}}},
+    ]
+
+
+def prometheus_api(ip: str, path: str, **params):
+    url = f"http://{ip}:9090/api/v1/{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.load(r)
+    assert doc["status"] == "success", doc
+    return doc["data"]
+
+
+def wait_for(check, timeout: float, what: str, node: kube_node.KubeNode):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})"
+                         f"\n{describe(node)}")
+
+
+def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node, release, tmp_path):
+    """The monitoring objects through a real prometheus-operator (v0.85.0) running the
+    Prometheus (3.5.0) it manages, both built from their modules: with the chart's ServiceMonitor and
+    PrometheusRule, labelled as a kube-prometheus-stack Prometheus selects them, the broker is
+    scraped as job "kaas", every alert and recording rule of the chart loads and evaluates
+    without error, and every metric the rules read is there under the labels the operator's
+    relabelling gives it. Then `helm upgrade` swaps the ServiceMonitor for the PodMonitor and
+    the broker is scraped through that instead."""
+    from test_prometheus import RULES, rule_metrics
+    install_monitoring_crds(node)
+    images = tmp_path / "images"
+    images.mkdir()
+    for name, host, path in ((OPERATOR_IMAGE, kube_node.KUBE_DIR / "prometheus-operator", "/bin/operator"),
+                             (RELOADER_IMAGE, kube_node.KUBE_DIR / "prometheus-config-reloader",
+                              "/bin/prometheus-config-reloader"),
+                             (PROMETHEUS_IMAGE, kube_node.KUBE_DIR / "prometheus", "/bin/prometheus")):
+        node.import_image(kube_node.program_image(images / f"{path.rsplit('/', 1)[1]}.tar",
+                                                  name, str(host), path))
+    node.apply([persistent_volume(node, "pv-operator", ["ReadWriteOnce"])])
+    monitor = {"enabled": True, "interval": "5s", "scrapeTimeout": "4s", "labels": STACK_LABEL}
+    helm(node, "install", RELEASE, CHART, "--wait", "--timeout", INSTALL_TIMEOUT, "-f", _values(
+        tmp_path, {"metrics": {"serviceMonitor": monitor,
+                               "prometheusRule": {"enabled": True, "labels": STACK_LABEL}}}))
+    started = time.monotonic()
+    node.apply(operator_and_prometheus())
+    try:
+        def prometheus_ip() -> str | None:
+            pod = json.loads(node.kubectl("get", "pod", "prometheus-stack-0", "-o", "json",
+                                          check=False) or "{}")
+            return pod.get("status", {}).get("podIP") if pod and _ready(pod) else None
+        ip = wait_for(prometheus_ip, 180, "the operator's Prometheus pod ready", node)
+        report(f"chart on Kubernetes: prometheus-operator's Prometheus ready in"
+               f" {time.monotonic() - started:.0f}s")
+
+        def scraped(pool: str):
+            targets = prometheus_api(ip, "targets")["activeTargets"]
+            up = [t for t in targets if t["scrapePool"].startswith(pool) and t["health"] == "up"
+                  and t["labels"].get("job") == "kaas" and t["labels"].get("pod") == f"{RELEASE}-0"]
+            return up if len(up) == 1 and len(targets) == 1 else None
+        wait_for(lambda: scraped(f"serviceMonitor/default/{RELEASE}/"), 120,
+                 "the broker scraped through the ServiceMonitor as job kaas", node)
+
+        rules = len(re.findall(r"^\s+- (?:alert|record): ", RULES.read_text(), re.M))
+
+        def evaluated():
+            loaded = [r for g in prometheus_api(ip, "rules")["groups"] for r in g["rules"]]
+            return loaded if len(loaded) == rules and all(
+                r["health"] == "ok" and r.get("lastEvaluation", "").startswith("20")
+                for r in loaded) else None
+        wait_for(evaluated, 60, f"the chart's {rules} rules loaded and evaluated", node)
+        # What only partitions and committing groups have (test_prometheus.py covers them).
+        per_partition = {"kaas_partition_end_offset", "kaas_group_committed_offset"}
+        for name in sorted(rule_metrics() - per_partition):
+            series = prometheus_api(ip, "query", query=f'{{__name__="{name}", job="kaas"}}')["result"]
+            assert series, f"{name} not scraped with job=kaas"
+            assert all(s["metric"].get("pod") == f"{RELEASE}-0" for s in series), series[:2]
+
+        helm(node, "upgrade", RELEASE, CHART, "--wait", "--timeout", INSTALL_TIMEOUT, "-f", _values(
+            tmp_path, {"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": monitor,
+                                   "prometheusRule": {"enabled": True, "labels": STACK_LABEL}}}))
+        wait_for(lambda: scraped(f"podMonitor/default/{RELEASE}/"), 120,
+                 "the broker scraped through the PodMonitor alone", node)
+    finally:
+        node.kubectl("delete", "prometheus", "stack", "--wait=true", "--timeout=60s", check=False,
+                     timeout=90)
+        node.kubectl("delete", "deployment", "prometheus-operator", "--wait=true",
+                     "--timeout=60s", check=False, timeout=90)
+        node.kubectl("delete", "statefulset", "prometheus-stack", "--wait=true", "--timeout=60s",
+                     check=False, timeout=90)
