@@ -110,19 +110,13 @@ else
     command -v go >/dev/null || { log "the Go toolchain is needed to build prometheus-operator"; exit 1; }
     log "building prometheus-operator $prom_op_version"
     start=$(date +%s)
-    module_dir="$(cd / && retry go mod download -json \
-        "github.com/prometheus-operator/prometheus-operator@$prom_op_version" \
-        | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
-    [[ -d "$module_dir" ]] || { log "go mod download gave no module directory"; exit 1; }
+    op_build="$HOME/.cache/kaas/prometheus-operator-build"
+    module_copy "github.com/prometheus-operator/prometheus-operator@$prom_op_version" "$op_build"
     rm -rf "$crd_dir"
     mkdir -p "$crd_dir"
-    cp "$module_dir"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml "$crd_dir/"
+    cp "$op_build"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml "$crd_dir/"
     # The module's go.mod points its API and client modules at directories its module zip
     # leaves out; the proxy serves them as modules of their own at the same version.
-    op_build="$HOME/.cache/kaas/prometheus-operator-build"
-    rm -rf "$op_build"
-    cp -r "$module_dir" "$op_build"
-    chmod -R u+w "$op_build"
     (
         cd "$op_build"
         go mod edit \
@@ -149,14 +143,8 @@ else
     command -v go >/dev/null || { log "the Go toolchain is needed to build prometheus"; exit 1; }
     log "building prometheus $prom_version (module $prom_module_version)"
     start=$(date +%s)
-    module_dir="$(cd / && retry go mod download -json \
-        "github.com/prometheus/prometheus@$prom_module_version" \
-        | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
-    [[ -d "$module_dir" ]] || { log "go mod download gave no module directory"; exit 1; }
     prom_build="$HOME/.cache/kaas/prometheus-build"
-    rm -rf "$prom_build"
-    cp -r "$module_dir" "$prom_build"
-    chmod -R u+w "$prom_build"
+    module_copy "github.com/prometheus/prometheus@$prom_module_version" "$prom_build"
     printf 'package plugins\n\nimport _ "github.com/prometheus/prometheus/discovery/kubernetes"\n' \
         > "$prom_build/plugins/plugins.go"
     (

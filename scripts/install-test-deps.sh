@@ -9,7 +9,8 @@
 #   Maven:  Apache Kafka 4.x jars into $HOME/.cache/kaas/kafka-libs (scripts/fetch-kafka.sh)
 #   Rust:   rustfmt and clippy components, when rustup is present
 #   Go:     helm (scripts/install-deploy-deps.sh), kube-apiserver and the rest of a one-node
-#           Kubernetes (scripts/install-kube-node.sh), the kgo (franz-go) and
+#           Kubernetes with prometheus-operator and Prometheus (scripts/install-kube-node.sh),
+#           the kgo (franz-go) and
 #           kafka-go test binaries, sarama's functional test binary and toxiproxy
 #   C:      librdkafka's test-runner (its tests/ suite), built from the rdkafka-sys crate's source
 #

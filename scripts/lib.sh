@@ -13,6 +13,18 @@ retry() {  # retry CMD...: three attempts with a pause, for registry hiccups
     return 1
 }
 
+# module_copy MODULE@VERSION DIR: a writable copy of a module's source from the Go module proxy
+# in DIR (replaced if there), for a build that must change it first (the module cache is
+# read-only).
+module_copy() {
+    local module_dir
+    module_dir="$(cd / && retry go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+    [[ -d "$module_dir" ]] || { log "go mod download $1 gave no module directory"; return 1; }
+    rm -rf "$2"
+    cp -r "$module_dir" "$2"
+    chmod -R u+w "$2"
+}
+
 # kube_build VERSION BUILD_DIR OUT_DIR CMD...: build k8s.io/kubernetes/cmd/CMD of Kubernetes
 # VERSION (1.Y.Z) from the Go module proxy into OUT_DIR/CMD. k8s.io/kubernetes' own go.mod
 # replaces its staging modules (k8s.io/api, ...) with ./staging paths, so `go install ...@v`

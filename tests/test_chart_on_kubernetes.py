@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -624,16 +623,6 @@ def operator_and_prometheus() -> list[dict]:
     ]
 
 
-def prometheus_api(ip: str, path: str, **params):
-    url = f"http://{ip}:9090/api/v1/{path}"
-    if params:
-        url += "?" + urllib.parse.urlencode(params)
-    with urllib.request.urlopen(url, timeout=5) as r:
-        doc = json.load(r)
-    assert doc["status"] == "success", doc
-    return doc["data"]
-
-
 def wait_for(check, timeout: float, what: str, node: kube_node.KubeNode):
     deadline = time.monotonic() + timeout
     last = None
@@ -657,7 +646,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
     without error, and every metric the rules read is there under the labels the operator's
     relabelling gives it. Then `helm upgrade` swaps the ServiceMonitor for the PodMonitor and
     the broker is scraped through that instead."""
-    from test_prometheus import RULES, rule_metrics
+    from test_prometheus import RULES, prometheus_api, rule_metrics
     install_monitoring_crds(node)
     images = tmp_path / "images"
     images.mkdir()
@@ -680,11 +669,12 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
                                           check=False) or "{}")
             return pod.get("status", {}).get("podIP") if pod and _ready(pod) else None
         ip = wait_for(prometheus_ip, 180, "the operator's Prometheus pod ready", node)
+        address = f"{ip}:9090"
         report(f"chart on Kubernetes: prometheus-operator's Prometheus ready in"
                f" {time.monotonic() - started:.0f}s")
 
         def scraped(pool: str):
-            targets = prometheus_api(ip, "targets")["activeTargets"]
+            targets = prometheus_api(address, "targets")["activeTargets"]
             up = [t for t in targets if t["scrapePool"].startswith(pool) and t["health"] == "up"
                   and t["labels"].get("job") == "kaas" and t["labels"].get("pod") == f"{RELEASE}-0"]
             return up if len(up) == 1 and len(targets) == 1 else None
@@ -694,7 +684,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
         rules = len(re.findall(r"^\s+- (?:alert|record): ", RULES.read_text(), re.M))
 
         def evaluated():
-            loaded = [r for g in prometheus_api(ip, "rules")["groups"] for r in g["rules"]]
+            loaded = [r for g in prometheus_api(address, "rules")["groups"] for r in g["rules"]]
             return loaded if len(loaded) == rules and all(
                 r["health"] == "ok" and r.get("lastEvaluation", "").startswith("20")
                 for r in loaded) else None
@@ -702,7 +692,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
         # What only partitions and committing groups have (test_prometheus.py covers them).
         per_partition = {"kaas_partition_end_offset", "kaas_group_committed_offset"}
         for name in sorted(rule_metrics() - per_partition):
-            series = prometheus_api(ip, "query", query=f'{{__name__="{name}", job="kaas"}}')["result"]
+            series = prometheus_api(address, "query", query=f'{{__name__="{name}", job="kaas"}}')["result"]
             assert series, f"{name} not scraped with job=kaas"
             assert all(s["metric"].get("pod") == f"{RELEASE}-0" for s in series), series[:2]
 

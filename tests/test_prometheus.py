@@ -52,6 +52,17 @@ def test_alert_rules_pass_their_unit_tests():
     assert test.returncode == 0, test.stdout + test.stderr
 
 
+def prometheus_api(address: str, path: str, **params):
+    """The `data` of a successful answer from Prometheus's HTTP API at `address` (host:port)."""
+    url = f"http://{address}/api/v1/{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.load(r)
+    assert doc["status"] == "success", doc
+    return doc["data"]
+
+
 class Prometheus:
     """A Prometheus server scraping `targets` every second as job "kaas", with the rules."""
 
@@ -72,13 +83,7 @@ class Prometheus:
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def api(self, path: str, **params):
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=5) as r:
-            doc = json.load(r)
-        assert doc["status"] == "success", doc
-        return doc["data"]
+        return prometheus_api(f"127.0.0.1:{self.port}", path, **params)
 
     def query(self, expr: str) -> list[tuple[dict, float]]:
         data = self.api("query", query=expr)
