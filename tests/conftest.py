@@ -61,6 +61,25 @@ def kaas_bin() -> Path:
     return Path(target) / "release" / "kaas"
 
 
+def poll(check, timeout: float, what: str, interval: float = 0.25, context=lambda: "",
+         tolerate: tuple = (OSError, ValueError, KeyError)):
+    """`check()`'s first true value within `timeout` seconds; an AssertionError naming `what`,
+    the last value and `context()` otherwise. A check that raises one of `tolerate` (a server
+    not answering yet) counts as false."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except tolerate:
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})"
+                         f"\n{context()}")
+
+
 def report(line: str) -> None:
     """Prints a measured figure, and appends it to $KAAS_THROUGHPUT_FILE (scripts/test.sh shows
     that file at the end of the run)."""

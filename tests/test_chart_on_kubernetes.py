@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import kube_node
-from conftest import kaas_bin, report
+from conftest import kaas_bin, poll, report
 
 # scripts/test.sh runs these beside the other tests, with the client suites (which take fixed
 # ports): they take the machine's kubelet directory, a bridge and iptables chains.
@@ -623,21 +623,6 @@ def operator_and_prometheus() -> list[dict]:
     ]
 
 
-def wait_for(check, timeout: float, what: str, node: kube_node.KubeNode):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})"
-                         f"\n{describe(node)}")
-
-
 def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node, release, tmp_path):
     """The monitoring objects through a real prometheus-operator (v0.85.0) running the
     Prometheus (3.5.0) it manages, both built from their modules: with the chart's ServiceMonitor and
@@ -663,12 +648,15 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
                                "prometheusRule": {"enabled": True, "labels": STACK_LABEL}}}))
     started = time.monotonic()
     node.apply(operator_and_prometheus())
+
+    def wait(check, timeout: float, what: str):
+        return poll(check, timeout, what, 1, lambda: describe(node))
     try:
         def prometheus_ip() -> str | None:
             pod = json.loads(node.kubectl("get", "pod", "prometheus-stack-0", "-o", "json",
                                           check=False) or "{}")
             return pod.get("status", {}).get("podIP") if pod and _ready(pod) else None
-        ip = wait_for(prometheus_ip, 180, "the operator's Prometheus pod ready", node)
+        ip = wait(prometheus_ip, 180, "the operator's Prometheus pod ready")
         address = f"{ip}:9090"
         report(f"chart on Kubernetes: prometheus-operator's Prometheus ready in"
                f" {time.monotonic() - started:.0f}s")
@@ -678,8 +666,8 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
             up = [t for t in targets if t["scrapePool"].startswith(pool) and t["health"] == "up"
                   and t["labels"].get("job") == "kaas" and t["labels"].get("pod") == f"{RELEASE}-0"]
             return up if len(up) == 1 and len(targets) == 1 else None
-        wait_for(lambda: scraped(f"serviceMonitor/default/{RELEASE}/"), 120,
-                 "the broker scraped through the ServiceMonitor as job kaas", node)
+        wait(lambda: scraped(f"serviceMonitor/default/{RELEASE}/"), 120,
+             "the broker scraped through the ServiceMonitor as job kaas")
 
         rules = len(re.findall(r"^\s+- (?:alert|record): ", RULES.read_text(), re.M))
 
@@ -688,7 +676,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
             return loaded if len(loaded) == rules and all(
                 r["health"] == "ok" and r.get("lastEvaluation", "").startswith("20")
                 for r in loaded) else None
-        wait_for(evaluated, 60, f"the chart's {rules} rules loaded and evaluated", node)
+        wait(evaluated, 60, f"the chart's {rules} rules loaded and evaluated")
         # What only partitions and committing groups have (test_prometheus.py covers them).
         per_partition = {"kaas_partition_end_offset", "kaas_group_committed_offset"}
         for name in sorted(rule_metrics() - per_partition):
@@ -699,8 +687,8 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
         helm(node, "upgrade", RELEASE, CHART, "--wait", "--timeout", INSTALL_TIMEOUT, "-f", _values(
             tmp_path, {"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": monitor,
                                    "prometheusRule": {"enabled": True, "labels": STACK_LABEL}}}))
-        wait_for(lambda: scraped(f"podMonitor/default/{RELEASE}/"), 120,
-                 "the broker scraped through the PodMonitor alone", node)
+        wait(lambda: scraped(f"podMonitor/default/{RELEASE}/"), 120,
+             "the broker scraped through the PodMonitor alone")
     finally:
         node.kubectl("delete", "prometheus", "stack", "--wait=true", "--timeout=60s", check=False,
                      timeout=90)

@@ -24,7 +24,7 @@ import pytest
 
 from confluent_kafka import Producer
 
-from conftest import free_port
+from conftest import free_port, poll
 from kcheck import create_topic
 from test_cluster import read_all
 from kcluster import logs_on_failure, make_cluster  # noqa: F401  (the fixture)
@@ -90,18 +90,10 @@ class Prometheus:
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
 
     def wait(self, check, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
+        def alive_and_check():
             assert self.proc.poll() is None, f"prometheus exited: {self.tail()}"
-            try:
-                last = check()
-                if last:
-                    return last
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.25)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})\n{self.tail()}")
+            return check()
+        return poll(alive_and_check, timeout, what, context=self.tail)
 
     def tail(self) -> str:
         self.log.flush()
