@@ -50,15 +50,12 @@ fi
 log "etcd: $("$kube_dir/etcd" --version 2>/dev/null | head -1)"
 
 # -- kube-apiserver --------------------------------------------------------------------------
-if [[ -x "$kube_dir/kube-apiserver" ]] \
-   && [[ "$(cat "$kube_dir/kube-apiserver.version" 2>/dev/null)" == "$version" ]]; then
-    log "kube-apiserver $version present in $kube_dir"
+if have_build "$kube_dir/kube-apiserver.version" "$version" kube-apiserver \
+        "$kube_dir/kube-apiserver"; then
     exit 0
 fi
 
-command -v go >/dev/null || { log "the Go toolchain is needed to build kube-apiserver"; exit 1; }
-log "building kube-apiserver $version in $build_dir"
-start=$(date +%s)
+begin_build "kube-apiserver $version in $build_dir"
 kube_build "$version" "$build_dir" "$kube_dir" kube-apiserver
-echo "$version" > "$kube_dir/kube-apiserver.version"
-log "built in $(( $(date +%s) - start ))s: $("$kube_dir/kube-apiserver" --version)"
+end_build "$kube_dir/kube-apiserver.version" "$version"
+log "$("$kube_dir/kube-apiserver" --version)"

@@ -67,32 +67,19 @@ if [[ ${#need[@]} -gt 0 ]]; then
 fi
 
 # -- the Kubernetes commands -----------------------------------------------------------------------
-present=1
-for c in "${commands[@]}"; do
-    [[ -x "$kube_dir/$c" ]] || present=0
-done
-if [[ $present == 1 && "$(cat "$kube_dir/kube-node.version" 2>/dev/null)" == "$version" ]]; then
-    log "${commands[*]} $version present in $kube_dir"
-else
-    command -v go >/dev/null || { log "the Go toolchain is needed to build ${commands[*]}"; exit 1; }
-    log "building ${commands[*]} $version in $build_dir"
-    start=$(date +%s)
+if ! have_build "$kube_dir/kube-node.version" "$version" "${commands[*]}" \
+        "${commands[@]/#/$kube_dir/}"; then
+    begin_build "${commands[*]} $version in $build_dir"
     kube_build "$version" "$build_dir" "$kube_dir" "${commands[@]}"
-    echo "$version" > "$kube_dir/kube-node.version"
-    log "built in $(( $(date +%s) - start ))s"
+    end_build "$kube_dir/kube-node.version" "$version"
 fi
 
 # -- CoreDNS -----------------------------------------------------------------------------------
-if [[ -x "$kube_dir/coredns" && "$(cat "$kube_dir/coredns.version" 2>/dev/null)" == "$coredns_version" ]]; then
-    log "coredns $coredns_version present in $kube_dir"
-else
-    command -v go >/dev/null || { log "the Go toolchain is needed to build coredns"; exit 1; }
-    log "building coredns $coredns_version"
-    start=$(date +%s)
+if ! have_build "$kube_dir/coredns.version" "$coredns_version" coredns "$kube_dir/coredns"; then
+    begin_build "coredns $coredns_version"
     GOBIN="$kube_dir" retry nice -n 19 go install -trimpath -ldflags "-s -w" \
         "github.com/coredns/coredns@$coredns_version"
-    echo "$coredns_version" > "$kube_dir/coredns.version"
-    log "built in $(( $(date +%s) - start ))s"
+    end_build "$kube_dir/coredns.version" "$coredns_version"
 fi
 
 # -- prometheus-operator: its CRDs, the operator and its config reloader -----------------------
@@ -100,16 +87,10 @@ fi
 # validation), and the operator runs on the node: it turns the ServiceMonitor, PodMonitor and
 # PrometheusRule into a Prometheus's configuration (tests/test_chart_on_kubernetes.py).
 crd_dir="$kube_dir/crds"
-present=1
-for b in prometheus-operator prometheus-config-reloader; do
-    [[ -x "$kube_dir/$b" ]] || present=0
-done
-if [[ $present == 1 && "$(cat "$kube_dir/prometheus-operator.version" 2>/dev/null)" == "$prom_op_version" ]]; then
-    log "prometheus-operator $prom_op_version (CRDs, operator, config reloader) present in $kube_dir"
-else
-    command -v go >/dev/null || { log "the Go toolchain is needed to build prometheus-operator"; exit 1; }
-    log "building prometheus-operator $prom_op_version"
-    start=$(date +%s)
+if ! have_build "$kube_dir/prometheus-operator.version" "$prom_op_version" \
+        "prometheus-operator (CRDs, operator, config reloader)" \
+        "$kube_dir/prometheus-operator" "$kube_dir/prometheus-config-reloader"; then
+    begin_build "prometheus-operator $prom_op_version"
     op_build="$HOME/.cache/kaas/prometheus-operator-build"
     module_copy "github.com/prometheus-operator/prometheus-operator@$prom_op_version" "$op_build"
     rm -rf "$crd_dir"
@@ -128,8 +109,7 @@ else
     install -m 0755 "$op_build/bin/operator" "$kube_dir/prometheus-operator"
     install -m 0755 "$op_build/bin/prometheus-config-reloader" "$kube_dir/prometheus-config-reloader"
     rm -rf "$op_build"
-    echo "$prom_op_version" > "$kube_dir/prometheus-operator.version"
-    log "built in $(( $(date +%s) - start ))s"
+    end_build "$kube_dir/prometheus-operator.version" "$prom_op_version"
 fi
 
 # -- Prometheus, for the operator to run -----------------------------------------------------------
@@ -137,12 +117,8 @@ fi
 # configurations use; this one has that alone among the discovery plugins (the others cost
 # minutes of build). Prometheus X.Y.Z is Go module version v0.(100X+Y).Z.
 prom_module_version="v0.$(( ${prom_version%%.*} * 100 + $(echo "$prom_version" | cut -d. -f2) )).${prom_version##*.}"
-if [[ -x "$kube_dir/prometheus" && "$(cat "$kube_dir/prometheus.version" 2>/dev/null)" == "$prom_version" ]]; then
-    log "prometheus $prom_version present in $kube_dir"
-else
-    command -v go >/dev/null || { log "the Go toolchain is needed to build prometheus"; exit 1; }
-    log "building prometheus $prom_version (module $prom_module_version)"
-    start=$(date +%s)
+if ! have_build "$kube_dir/prometheus.version" "$prom_version" prometheus "$kube_dir/prometheus"; then
+    begin_build "prometheus $prom_version (module $prom_module_version)"
     prom_build="$HOME/.cache/kaas/prometheus-build"
     module_copy "github.com/prometheus/prometheus@$prom_module_version" "$prom_build"
     printf 'package plugins\n\nimport _ "github.com/prometheus/prometheus/discovery/kubernetes"\n' \
@@ -155,6 +131,5 @@ else
     )
     install -m 0755 "$prom_build/prometheus" "$kube_dir/prometheus"
     rm -rf "$prom_build"
-    echo "$prom_version" > "$kube_dir/prometheus.version"
-    log "built in $(( $(date +%s) - start ))s"
+    end_build "$kube_dir/prometheus.version" "$prom_version"
 fi

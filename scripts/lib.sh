@@ -13,6 +13,31 @@ retry() {  # retry CMD...: three attempts with a pause, for registry hiccups
     return 1
 }
 
+# A component built with Go is stamped with the version it was built at, so that a rerun finds
+# it. `have_build STAMP VERSION NAME BINARY...`: whether every BINARY is there and STAMP records
+# VERSION (said in the log); `begin_build WHAT`: Go is needed, and the build starts;
+# `end_build STAMP VERSION`: the stamp, once the build is in place, and the time it took.
+have_build() {
+    local stamp="$1" version="$2" name="$3" f
+    shift 3
+    for f in "$@"; do
+        [[ -x "$f" ]] || return 1
+    done
+    [[ "$(cat "$stamp" 2>/dev/null)" == "$version" ]] || return 1
+    log "$name $version present in $(dirname "$stamp")"
+}
+
+begin_build() {
+    command -v go >/dev/null || { log "the Go toolchain is needed to build $1"; exit 1; }
+    log "building $1"
+    build_started=$(date +%s)
+}
+
+end_build() {
+    echo "$2" > "$1"
+    log "built in $(( $(date +%s) - build_started ))s"
+}
+
 # module_copy MODULE@VERSION DIR: a writable copy of a module's source from the Go module proxy
 # in DIR (replaced if there), for a build that must change it first (the module cache is
 # read-only).
