@@ -13,8 +13,8 @@
 # Usage: bench/compare.sh [--duration SECONDS] [--warmup SECONDS] [--long] [--quick]
 #                         [--e2e-rate MSG_PER_S] [--only kaas|kafka] [--workloads LIST]
 #                         [--kaas-bin PATH] [--bench-bin PATH] [--kafka-heap OPTS]
-#                         [--shards N] [--pinned] [--memory-limit MIB] [--workdir DIR]
-#                         [--keep] [--markdown FILE]
+#                         [--shards N] [--pinned] [--memory-limit MIB] [--hold-host-memory]
+#                         [--retain-mib MIB] [--workdir DIR] [--keep] [--markdown FILE]
 #   --duration   measured seconds per workload and broker (default 10; --long = 60, --quick = 3)
 #   --warmup     warm-up seconds before each measurement (default 2)
 #   --e2e-rate   fixed rate of the end-to-end workload, below both brokers' saturation (10000)
@@ -34,6 +34,13 @@
 #   --memory-limit  run each broker in its own memory cgroup of this many MiB (cgroup v2
 #                memory.max, or v1 memory.limit_in_bytes; needs root), as a pod limit would;
 #                the table then shows each broker's OOM kills and peak cgroup memory
+#   --hold-host-memory  on a VM guest that hands free memory back to its host (free page
+#                reporting), keep it for the run (bench/host_memory.py hold; restored at exit):
+#                otherwise each page-cache drop hands pages back, and both brokers' writes pay
+#                the host's fault on every fresh page (see bench/README.md); needs root
+#   --retain-mib segment.bytes and retention.bytes of the 100-partition topic, per partition
+#                (default 64): each broker keeps up to 100 × 2 × this on disk, which the run
+#                checks is free before it starts
 #   --workdir    where data, logs and results go (default ~/.cache/kaas/compare/<timestamp>);
 #                broker data is deleted at the end unless --keep
 #   --markdown   also write the table (markdown) to this file
@@ -53,6 +60,8 @@ kafka_heap="-Xmx1g -Xms1g"
 shards="$(nproc)"
 memory_limit=""
 pinned=0
+hold_host_memory=0
+retain_mib=64
 workdir=""
 keep=0
 markdown=""
@@ -73,6 +82,8 @@ while [[ $# -gt 0 ]]; do
         --shards) shards="$2"; shift 2 ;;
         --memory-limit) memory_limit="$2"; shift 2 ;;
         --pinned) pinned=1; shift ;;
+        --hold-host-memory) hold_host_memory=1; shift ;;
+        --retain-mib) retain_mib="$2"; shift 2 ;;
         --workdir) workdir="$2"; shift 2 ;;
         --keep) keep=1; shift ;;
         --markdown) markdown="$2"; shift 2 ;;
@@ -84,6 +95,7 @@ done
     || die "--duration, --warmup and --e2e-rate take whole numbers"
 [[ -z "$only" || "$only" == kaas || "$only" == kafka ]] || die "--only takes kaas or kafka"
 [[ -z "$memory_limit" || "$memory_limit" =~ ^[0-9]+$ ]] || die "--memory-limit takes MiB"
+[[ "$retain_mib" =~ ^[0-9]+$ ]] && (( retain_mib >= 1 )) || die "--retain-mib takes MiB (1 or more)"
 has_workload() { [[ ",$workloads," == *",$1,"* ]]; }
 # --pinned: commands run under taskset; the broker on core 0, clients on core 1.
 broker_cpu=(); client_cpu=()
@@ -114,6 +126,30 @@ fi
 [[ "$only" == kaas ]] || brokers+=(kafka)
 [[ ${#brokers[@]} -gt 0 ]] || die "no broker to run"
 
+# ---- work directory, and room for the logs (checked before anything is built or started) -----
+workdir="${workdir:-$HOME/.cache/kaas/compare/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$workdir"
+workdir="$(cd "$workdir" && pwd)"
+res="$workdir/results"
+mkdir -p "$res"
+log "work directory $workdir"
+# Disk: a topic's partition holds up to retention.bytes plus the segment being written (a sealed
+# segment goes only once the rest still hold retention.bytes), so the 100-partition topic takes
+# up to 100 × 2 × --retain-mib per broker, and the 1,000-partition one, which replaces it, up to
+# 1,000 × (4 + 8) MiB. Refuse to start without that room (plus 2 GiB for everything else): a
+# broker that runs out of disk halfway through a run fails its writes (Kafka) or refuses them
+# (kaas), and the table would compare errors.
+if has_workload produce-acks1 || has_workload produce-acksall || has_workload consume \
+    || has_workload partitions1000; then
+    per_broker_mib=$(( 100 * 2 * retain_mib ))
+    if has_workload partitions1000 && (( per_broker_mib < 12000 )); then per_broker_mib=12000; fi
+    need_kib=$(( (${#brokers[@]} * per_broker_mib + 2048) * 1024 ))
+    avail_kib="$(df -Pk "$workdir" | awk 'NR==2 {print $4}')"
+    (( avail_kib >= need_kib )) || die "$workdir has $((avail_kib / 1048576)) GiB free; this run \
+needs about $((need_kib / 1048576)) GiB (${#brokers[@]} broker(s) × $((per_broker_mib / 1024)) GiB of retained \
+log + 2 GiB): free space, lower --retain-mib, pass --workdir on a larger disk, or run one broker (--only)"
+fi
+
 if [[ -z "$bench_bin" ]]; then
     log "building kaas-bench (release)"
     CARGO_TARGET_DIR="${KAAS_BENCH_TARGET_DIR:-$HOME/.cache/kaas-target-bench}" \
@@ -129,13 +165,7 @@ rdperf="$("$here/build-rdkafka-performance.sh")" || {
 }
 kafka_version="$(cat "$kafka_libs/.kafka-version" 2>/dev/null || echo unknown)"
 
-# ---- work directory and process control ---------------------------------------------------------
-workdir="${workdir:-$HOME/.cache/kaas/compare/$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$workdir"
-workdir="$(cd "$workdir" && pwd)"
-res="$workdir/results"
-mkdir -p "$res"
-log "work directory $workdir"
+# ---- process control -----------------------------------------------------------------------------
 
 declare -A pid addr
 started=()
@@ -150,6 +180,7 @@ stop_all() {
     started=()
     if [[ -n "$memory_limit" ]]; then remove_cgroups; fi
     if [[ $keep == 0 ]]; then rm -rf "$workdir/kaas-data" "$workdir/kafka-data"; fi
+    if [[ $hold_host_memory == 1 ]]; then python3 "$here/host_memory.py" release >&2 || true; fi
 }
 trap stop_all EXIT
 trap 'exit 130' INT TERM
@@ -259,7 +290,7 @@ start_kaas() {
 # only after that. Segments are small enough that retention applies within a run, large enough
 # that a partition rolls about once per run (rolling costs both brokers something).
 kafka_retention_props=$'log.retention.check.interval.ms=1000\nlog.segment.delete.delay.ms=1000'
-p100_cfg=(--topic-config segment.bytes=67108864 --topic-config retention.bytes=67108864)
+p100_cfg=(--topic-config segment.bytes=$((retain_mib << 20)) --topic-config retention.bytes=$((retain_mib << 20)))
 p1000_cfg=(--topic-config segment.bytes=8388608 --topic-config retention.bytes=4194304)
 
 start_kafka() {
@@ -289,6 +320,10 @@ start_kafka() {
     die "Apache Kafka did not answer within 60 s"
 }
 
+if [[ $hold_host_memory == 1 ]]; then
+    python3 "$here/host_memory.py" hold >&2 || die "--hold-host-memory: bench/host_memory.py hold failed"
+    notes+=("$(python3 "$here/host_memory.py" status): free memory held for the run (--hold-host-memory)")
+fi
 for b in "${brokers[@]}"; do "start_$b"; done
 load="$(cut -d' ' -f1-3 /proc/loadavg)"
 log "load average before the run: $load"
@@ -313,14 +348,21 @@ settle() {
 
 # ---- runners ------------------------------------------------------------------------------------
 # Each writes its raw output to $res/<workload>.<broker>.<tool>.{txt,json}; failures are
-# recorded and the run goes on (the table shows n/a).
+# recorded and the run goes on (the table shows n/a). Each client runs under /usr/bin/time
+# (when present) into <...>.time ("user system" seconds): the client's own CPU per GiB tells
+# a client that is the limit (pinned, its one core busy) from a broker that is.
+set_timer() { # BASE: sets the caller's array `timer` to that prefix (empty without the tool)
+    timer=()
+    if [[ -x /usr/bin/time ]]; then timer=(/usr/bin/time -f "%U %S" -o "$1.time"); fi
+}
 kb() { # WORKLOAD BROKER MODE kaas-bench-args... (later options override the defaults here)
     local w="$1" b="$2" mode="$3"; shift 3
     local base="$res/$w.$b.kb"
     if [[ "$mode" == consume ]]; then settle; else settle write; fi
     log "$w on $b: kaas-bench $mode $*"
     local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
-    if ! "${client_cpu[@]}" timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
+    local -a timer; set_timer "$base"
+    if ! "${client_cpu[@]}" "${timer[@]}" timeout $((duration * 3 + warmup + 120)) "$bench_bin" "$mode" --bootstrap "${addr[$b]}" \
         --warmup "${warmup}s" --duration "${duration}s" --quiet --json "$base.json" "$@" \
         > "$base.txt" 2>&1; then
         log "  kaas-bench failed, see $base.txt"; tail -5 "$base.txt" >&2 || true
@@ -345,9 +387,8 @@ pp() { # WORKLOAD BROKER TOPIC ACKS RECORDS THROUGHPUT WARMUP_RECORDS
     # records-per-request-avg, ...), which is what this broker received; /usr/bin/time: the
     # JVM's CPU seconds, to tell a CPU-bound client from a slow broker.
     local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
-    local -a timed=()
-    [[ -x /usr/bin/time ]] && timed=(/usr/bin/time -f "%U %S" -o "$base.time")
-    "${client_cpu[@]}" "${timed[@]}" \
+    local -a timer; set_timer "$base"
+    "${client_cpu[@]}" "${timer[@]}" \
         timeout $((duration * 6 + warmup + 120)) java -Xmx512m -cp "$kafka_libs/*" \
         org.apache.kafka.tools.ProducerPerformance --topic "$topic" --num-records "$records" \
         --record-size 1024 --throughput "$tput" --warmup-records "$wrec" --print-metrics \
@@ -377,7 +418,8 @@ rp() { # WORKLOAD BROKER produce|consume TOPIC COUNT [ACKS]
     fi
     log "$w on $b: rdkafka_performance ${args[*]}"
     local cpu0; cpu0="$(cpu_ticks "${pid[$b]}")"
-    "${client_cpu[@]}" timeout $((duration * 6 + warmup + 120)) "$rdperf" -b "${addr[$b]}" -q \
+    local -a timer; set_timer "$base"
+    "${client_cpu[@]}" "${timer[@]}" timeout $((duration * 6 + warmup + 120)) "$rdperf" -b "${addr[$b]}" -q \
         "${args[@]}" > "$base.txt" 2>&1 || log "  rdkafka_performance failed or timed out, see $base.txt"
     record_cpu "$b" "$cpu0" "$base.cpu"
     grep -E '^% [0-9]+ messages' "$base.txt" | tail -1 | sed 's/^/    /' >&2 || true

@@ -80,11 +80,7 @@ def load_pp(res, w, b):
             found["cpu_per_gib"] = (int(ticks) / int(hz)) / gib
         except (OSError, ValueError):
             pass
-        try:
-            user, sys_ = open(os.path.join(res, f"{w}.{b}.pp.time")).read().split()[-2:]
-            found["client_cpu_per_gib"] = (float(user) + float(sys_)) / gib
-        except (OSError, ValueError):
-            pass
+        found["client_cpu_per_gib"] = client_cpu(res, w, b, "pp", gib)
     return found
 
 
@@ -164,6 +160,18 @@ def cpu_per_gib(res, w, b, side):
     return (int(ticks) / int(hz)) / (total / 2**30)
 
 
+def client_cpu(res, w, b, tool, gib):
+    """The client's user + system CPU seconds per GiB, from <w>.<b>.<tool>.time (GNU time's
+    "%U %S", after a line saying the exit status when it was not zero)."""
+    if not gib:
+        return None
+    try:
+        user, sys_ = open(os.path.join(res, f"{w}.{b}.{tool}.time")).read().split()[-2:]
+        return (float(user) + float(sys_)) / gib
+    except (OSError, ValueError):
+        return None
+
+
 def fmt(v, kind):
     if v is None:
         return "n/a"
@@ -220,6 +228,8 @@ def main():
         add(w, "kaas-bench", "p99.9 ms", "ms", "lower", lambda b: kb(b, "latency_ms", "p999_ms"))
         add(w, "kaas-bench", "broker CPU s/GiB", "cpu", "lower",
             lambda b: cpu_per_gib(res, src[b], b, "produce"))
+        add(w, "kaas-bench", "client CPU s/GiB", "cpu", "lower",
+            lambda b: client_cpu(res, src[b], b, "kb", (kb(b, "total_bytes") or 0) / 2**30))
         add(w, "ProducerPerformance", "msg/s", "rate", "higher", lambda b: pp(b, "rate"))
         add(w, "ProducerPerformance", "p99 ms", "ms", "lower", lambda b: pp(b, "p99"))
         add(w, "ProducerPerformance", "broker CPU s/GiB", "cpu", "lower", lambda b: pp(b, "cpu_per_gib"))
@@ -234,6 +244,8 @@ def main():
         rp = lambda b, k: get(load_rp(res, src[b], b), k)
         add(w, "rdkafka_performance", "msg/s delivered", "rate", "higher", lambda b: rp(b, "msg_per_s"))
         add(w, "rdkafka_performance", "broker CPU s/GiB", "cpu", "lower", lambda b: rp(b, "cpu_per_gib"))
+        add(w, "rdkafka_performance", "client CPU s/GiB", "cpu", "lower",
+            lambda b: client_cpu(res, src[b], b, "rp", (rp(b, "bytes") or 0) / 2**30))
 
     w = "consume"
     for src, label in (("consume", "first read"), ("consume-again", "second read")):
@@ -243,12 +255,17 @@ def main():
             lambda b, src=src: get(load_kb(res, src, b), "consume", "mb_per_s"))
         add(w, "kaas-bench", f"broker CPU s/GiB, {label}", "cpu", "lower",
             lambda b, src=src: cpu_per_gib(res, src, b, "consume"))
+        add(w, "kaas-bench", f"client CPU s/GiB, {label}", "cpu", "lower",
+            lambda b, src=src: client_cpu(
+                res, src, b, "kb", (get(load_kb(res, src, b), "consume", "total_bytes") or 0) / 2**30))
     add(w, "ConsumerPerformance", "msg/s (fetch time), third read", "rate", "higher",
         lambda b: get(load_cp(res, w, b), "msg_per_s"))
     add(w, "rdkafka_performance", "msg/s (group), fourth read", "rate", "higher",
         lambda b: get(load_rp(res, w, b), "msg_per_s"))
     add(w, "rdkafka_performance", "broker CPU s/GiB, fourth read", "cpu", "lower",
         lambda b: get(load_rp(res, w, b), "cpu_per_gib"))
+    add(w, "rdkafka_performance", "client CPU s/GiB, fourth read", "cpu", "lower",
+        lambda b: client_cpu(res, w, b, "rp", (get(load_rp(res, w, b), "bytes") or 0) / 2**30))
 
     w = "e2e"
     for side, label in (("produce", "ack"), ("consume", "e2e")):

@@ -21,6 +21,7 @@ $CARGO_TARGET_DIR/release/kaas-bench); build both with
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -74,9 +75,15 @@ def drop_page_cache() -> bool:
         return False
 
 
-def row(label: str, report: str, side_name: str, cpu: float, pid: int) -> dict:
+def children_cpu_seconds() -> float:
+    """User + system CPU of the waited-for children so far (the client runs are children)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def row(label: str, report: str, side_name: str, cpu: float, pid: int, client_cpu: float) -> dict:
     """One printed result: kaas-bench's `side_name` side from the `report` JSON, with the
-    broker's `cpu` seconds per GiB of that side's total bytes."""
+    broker's `cpu` and the client's `client_cpu` seconds per GiB of that side's total bytes."""
     with open(report) as f:
         side = json.load(f)[side_name]
     gib = side["total_bytes"] / 2**30
@@ -87,6 +94,7 @@ def row(label: str, report: str, side_name: str, cpu: float, pid: int) -> dict:
         "gib": round(gib, 3),
         "broker_cpu_s": round(cpu, 2),
         "broker_cpu_s_per_gib": round(cpu / gib, 3) if gib else None,
+        "client_cpu_s_per_gib": round(client_cpu / gib, 3) if gib else None,
         "vmrss_mib": round(vmrss_mib(pid)),
         "caught_up": side.get("caught_up"),
     }
@@ -102,10 +110,15 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="parent of the data directory (default: $TMPDIR)")
     ap.add_argument("--broker-flag", action="append", default=[], help="extra kaas flag (repeatable)")
     ap.add_argument("--broker-env", action="append", default=[], help="NAME=VALUE for kaas (repeatable)")
+    ap.add_argument("--hold-host-memory", action="store_true",
+                    help="keep a VM guest's free memory for the run (bench/host_memory.py)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     kaas, bench = binary("KAAS_BIN", "kaas"), binary("KAAS_BENCH_BIN", "kaas-bench")
+    host_memory = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_memory.py")
+    if args.hold_host_memory:
+        subprocess.run([sys.executable, host_memory, "hold"], check=True, stdout=sys.stderr)
     work = tempfile.mkdtemp(prefix="kaas-consume-cpu-", dir=args.dir)
     port, http = free_port(), free_port()
     bootstrap = f"127.0.0.1:{port}"
@@ -128,23 +141,25 @@ def main() -> None:
                 time.sleep(0.1)
         client = ["taskset", "-c", "1", bench]
         common = ["--bootstrap", bootstrap, "--topic", "cpu", "--partitions", str(args.partitions)]
-        cpu0 = cpu_seconds(broker.pid)
+        cpu0, client0 = cpu_seconds(broker.pid), children_cpu_seconds()
         subprocess.run([*client, "produce", *common, "--acks", "1", "--message-size", "1024",
                         "--warmup", "0s", "--duration", f"{args.produce_seconds}s",
                         "--json", os.path.join(work, "produce.json")],
                        check=True, stdout=subprocess.DEVNULL)
         # Per GiB of message payload acknowledged.
         rows.append(row("produce acks=1 (the fill)", os.path.join(work, "produce.json"),
-                        "produce", cpu_seconds(broker.pid) - cpu0, broker.pid))
+                        "produce", cpu_seconds(broker.pid) - cpu0, broker.pid,
+                        children_cpu_seconds() - client0))
         for i in range(1 + args.cached_reads):
             from_disk = i == 0 and drop_page_cache()
             out = os.path.join(work, f"consume{i}.json")
-            cpu0 = cpu_seconds(broker.pid)
+            cpu0, client0 = cpu_seconds(broker.pid), children_cpu_seconds()
             subprocess.run([*client, "consume", *common, "--duration", "600s", "--json", out],
                            check=True, stdout=subprocess.DEVNULL)
             # Per GiB of record-batch bytes of the whole read.
             label = "from disk" if from_disk else ("first (cache not dropped)" if i == 0 else "cached")
-            rows.append(row(label, out, "consume", cpu_seconds(broker.pid) - cpu0, broker.pid))
+            rows.append(row(label, out, "consume", cpu_seconds(broker.pid) - cpu0, broker.pid,
+                            children_cpu_seconds() - client0))
     finally:
         broker.send_signal(signal.SIGTERM)
         try:
@@ -156,6 +171,8 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"flags": args.broker_flag, "reads": rows}, f, indent=1)
         shutil.rmtree(work, ignore_errors=True)
+        if args.hold_host_memory:
+            subprocess.run([sys.executable, host_memory, "release"], stdout=sys.stderr)
 
 
 if __name__ == "__main__":
