@@ -127,6 +127,9 @@ fi
 [[ ${#brokers[@]} -gt 0 ]] || die "no broker to run"
 
 # ---- work directory, and room for the logs (checked before anything is built or started) -----
+# The 1,000-partition topic's segment and retention size per partition, MiB (p1000_cfg).
+p1000_segment_mib=8
+p1000_retain_mib=4
 workdir="${workdir:-$HOME/.cache/kaas/compare/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$workdir"
 workdir="$(cd "$workdir" && pwd)"
@@ -136,13 +139,16 @@ log "work directory $workdir"
 # Disk: a topic's partition holds up to retention.bytes plus the segment being written (a sealed
 # segment goes only once the rest still hold retention.bytes), so the 100-partition topic takes
 # up to 100 × 2 × --retain-mib per broker, and the 1,000-partition one, which replaces it, up to
-# 1,000 × (4 + 8) MiB. Refuse to start without that room (plus 2 GiB for everything else): a
+# 1,000 × (4 + 8) MiB (p1000_cfg below). Refuse to start without that room (plus 2 GiB for everything else): a
 # broker that runs out of disk halfway through a run fails its writes (Kafka) or refuses them
 # (kaas), and the table would compare errors.
 if has_workload produce-acks1 || has_workload produce-acksall || has_workload consume \
     || has_workload partitions1000; then
     per_broker_mib=$(( 100 * 2 * retain_mib ))
-    if has_workload partitions1000 && (( per_broker_mib < 12000 )); then per_broker_mib=12000; fi
+    p1000_mib=$(( 1000 * (p1000_segment_mib + p1000_retain_mib) ))
+    if has_workload partitions1000 && (( per_broker_mib < p1000_mib )); then
+        per_broker_mib=$p1000_mib
+    fi
     need_kib=$(( (${#brokers[@]} * per_broker_mib + 2048) * 1024 ))
     avail_kib="$(df -Pk "$workdir" | awk 'NR==2 {print $4}')"
     (( avail_kib >= need_kib )) || die "$workdir has $((avail_kib / 1048576)) GiB free; this run \
@@ -291,7 +297,8 @@ start_kaas() {
 # that a partition rolls about once per run (rolling costs both brokers something).
 kafka_retention_props=$'log.retention.check.interval.ms=1000\nlog.segment.delete.delay.ms=1000'
 p100_cfg=(--topic-config segment.bytes=$((retain_mib << 20)) --topic-config retention.bytes=$((retain_mib << 20)))
-p1000_cfg=(--topic-config segment.bytes=8388608 --topic-config retention.bytes=4194304)
+p1000_cfg=(--topic-config segment.bytes=$((p1000_segment_mib << 20))
+           --topic-config retention.bytes=$((p1000_retain_mib << 20)))
 
 start_kafka() {
     local port
@@ -322,7 +329,7 @@ start_kafka() {
 
 if [[ $hold_host_memory == 1 ]]; then
     python3 "$here/host_memory.py" hold >&2 || die "--hold-host-memory: bench/host_memory.py hold failed"
-    notes+=("$(python3 "$here/host_memory.py" status): free memory held for the run (--hold-host-memory)")
+    notes+=("--hold-host-memory: $(python3 "$here/host_memory.py" status)")
 fi
 for b in "${brokers[@]}"; do "start_$b"; done
 load="$(cut -d' ' -f1-3 /proc/loadavg)"

@@ -94,7 +94,7 @@ RP_CONSUME_RE = re.compile(
 
 def load_rp(res, w, b):
     """The last summary line of rdkafka_performance (its MB/s are 10^6 bytes per second), and
-    the broker CPU seconds per GiB over the run (<w>.<b>.rp.cpu)."""
+    the broker's and the client's CPU seconds per GiB over the run (<w>.<b>.rp.cpu, .time)."""
     try:
         text = open(os.path.join(res, f"{w}.{b}.rp.txt")).read()
     except OSError:
@@ -112,6 +112,7 @@ def load_rp(res, w, b):
             found["cpu_per_gib"] = (int(ticks) / int(hz)) / (found["bytes"] / 2**30)
     except (OSError, ValueError):
         pass
+    found["client_cpu_per_gib"] = client_cpu(res, w, b, "rp", found["bytes"] / 2**30)
     return found
 
 
@@ -158,6 +159,12 @@ def cpu_per_gib(res, w, b, side):
     if not total:
         return None
     return (int(ticks) / int(hz)) / (total / 2**30)
+
+
+def kb_client_cpu(res, w, b, side):
+    """kaas-bench's own CPU seconds per GiB of the bytes it moved (as `cpu_per_gib`)."""
+    total = get(load_kb(res, w, b), side, "total_bytes")
+    return client_cpu(res, w, b, "kb", (total or 0) / 2**30)
 
 
 def client_cpu(res, w, b, tool, gib):
@@ -229,7 +236,7 @@ def main():
         add(w, "kaas-bench", "broker CPU s/GiB", "cpu", "lower",
             lambda b: cpu_per_gib(res, src[b], b, "produce"))
         add(w, "kaas-bench", "client CPU s/GiB", "cpu", "lower",
-            lambda b: client_cpu(res, src[b], b, "kb", (kb(b, "total_bytes") or 0) / 2**30))
+            lambda b: kb_client_cpu(res, src[b], b, "produce"))
         add(w, "ProducerPerformance", "msg/s", "rate", "higher", lambda b: pp(b, "rate"))
         add(w, "ProducerPerformance", "p99 ms", "ms", "lower", lambda b: pp(b, "p99"))
         add(w, "ProducerPerformance", "broker CPU s/GiB", "cpu", "lower", lambda b: pp(b, "cpu_per_gib"))
@@ -245,7 +252,7 @@ def main():
         add(w, "rdkafka_performance", "msg/s delivered", "rate", "higher", lambda b: rp(b, "msg_per_s"))
         add(w, "rdkafka_performance", "broker CPU s/GiB", "cpu", "lower", lambda b: rp(b, "cpu_per_gib"))
         add(w, "rdkafka_performance", "client CPU s/GiB", "cpu", "lower",
-            lambda b: client_cpu(res, src[b], b, "rp", (rp(b, "bytes") or 0) / 2**30))
+            lambda b: rp(b, "client_cpu_per_gib"))
 
     w = "consume"
     for src, label in (("consume", "first read"), ("consume-again", "second read")):
@@ -256,8 +263,7 @@ def main():
         add(w, "kaas-bench", f"broker CPU s/GiB, {label}", "cpu", "lower",
             lambda b, src=src: cpu_per_gib(res, src, b, "consume"))
         add(w, "kaas-bench", f"client CPU s/GiB, {label}", "cpu", "lower",
-            lambda b, src=src: client_cpu(
-                res, src, b, "kb", (get(load_kb(res, src, b), "consume", "total_bytes") or 0) / 2**30))
+            lambda b, src=src: kb_client_cpu(res, src, b, "consume"))
     add(w, "ConsumerPerformance", "msg/s (fetch time), third read", "rate", "higher",
         lambda b: get(load_cp(res, w, b), "msg_per_s"))
     add(w, "rdkafka_performance", "msg/s (group), fourth read", "rate", "higher",
@@ -265,7 +271,7 @@ def main():
     add(w, "rdkafka_performance", "broker CPU s/GiB, fourth read", "cpu", "lower",
         lambda b: get(load_rp(res, w, b), "cpu_per_gib"))
     add(w, "rdkafka_performance", "client CPU s/GiB, fourth read", "cpu", "lower",
-        lambda b: client_cpu(res, w, b, "rp", (get(load_rp(res, w, b), "bytes") or 0) / 2**30))
+        lambda b: get(load_rp(res, w, b), "client_cpu_per_gib"))
 
     w = "e2e"
     for side, label in (("produce", "ack"), ("consume", "e2e")):

@@ -631,7 +631,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
     without error, and every metric the rules read is there under the labels the operator's
     relabelling gives it. Then `helm upgrade` swaps the ServiceMonitor for the PodMonitor and
     the broker is scraped through that instead."""
-    from test_prometheus import RULES, prometheus_api, rule_metrics
+    from test_prometheus import prometheus_api, rule_count, rule_metrics
     install_monitoring_crds(node)
     images = tmp_path / "images"
     images.mkdir()
@@ -669,7 +669,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
         wait(lambda: scraped(f"serviceMonitor/default/{RELEASE}/"), 120,
              "the broker scraped through the ServiceMonitor as job kaas")
 
-        rules = len(re.findall(r"^\s+- (?:alert|record): ", RULES.read_text(), re.M))
+        rules = rule_count()
 
         def evaluated():
             loaded = [r for g in prometheus_api(address, "rules")["groups"] for r in g["rules"]]
