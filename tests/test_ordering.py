@@ -139,3 +139,84 @@ def test_pipelined_idempotent_batches_on_one_connection(broker, acks):
     bad = [(corr, err) for corr, _, _, err, _ in answers if err != 0]
     assert not bad, f"{len(bad)} of {n} batches refused, first: {bad[:5]}"
     assert [a[4] for a in answers] == [i * per for i in range(n)], "offsets not in send order"
+
+
+def list_offsets_v1(corr: int, topic: str, partitions: int) -> bytes:
+    """ListOffsets v1 asking every partition's end offset (timestamp -1)."""
+    import struct
+    import kwire
+    body = (struct.pack(">i", -1) + struct.pack(">i", 1) + kwire.string(topic)
+            + struct.pack(">i", partitions)
+            + b"".join(struct.pack(">iq", p, -1) for p in range(partitions)))
+    return kwire.request(2, 1, corr, body)
+
+
+def parse_list_offsets_v1(frame: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
+    """(correlation id, {partition: (error code, offset)})."""
+    import struct
+    (corr, _topics) = struct.unpack_from(">ii", frame, 0)
+    (ln,) = struct.unpack_from(">h", frame, 8)
+    pos = 10 + ln
+    (n,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    out = {}
+    for _ in range(n):
+        p, err, _ts, off = struct.unpack_from(">ihqq", frame, pos)
+        pos += 22
+        out[p] = (err, off)
+    return corr, out
+
+
+@pytest.mark.parametrize("acks", [1, -1])
+def test_pipelined_produce_across_shards_with_reads_between(broker, acks):
+    """One connection pipelines 480 idempotent Produce requests over 8 partitions, five in a
+    row to each in turn (both shards own some, so requests hop between them), with a ListOffsets after
+    every 60 of them, all sent before any answer is read. A Produce may start while the one
+    before it is still appending, but only behind it in each partition's order; anything else
+    waits for every earlier append. So: every batch is accepted, each partition's offsets
+    follow the send order, and with acks=1 each ListOffsets sees exactly the records sent
+    before it. (With acks=all a record becomes visible only once its sync is done, as a
+    replicated Kafka partition's high watermark waits for its followers: the reads between
+    see at most what was sent, and everything once the answers are in.)"""
+    import kwire
+    topic = unique_topic("xshard")
+    partitions, n, every = 8, 480, 60
+    create_topic(broker.bootstrap, topic, partitions)
+    ranges = kwire.api_versions(broker)
+    version = kwire.pick_produce_version(ranges)
+    pid, epoch = kwire.init_producer_id(broker, ranges)
+    frames, expect = [], []
+    sent = [0] * partitions
+    for i in range(n):
+        p = i // 5 % partitions
+        batch = kwire.record_batch([(None, value_for(f"p{p}", sent[p]))], producer_id=pid,
+                                   producer_epoch=epoch, base_sequence=sent[p])
+        frames.append(kwire.produce_request(version, i, topic, p, batch, acks=acks))
+        expect.append(("produce", i, p, sent[p]))
+        sent[p] += 1
+        if (i + 1) % every == 0:
+            corr = 100_000 + i
+            frames.append(list_offsets_v1(corr, topic, partitions))
+            expect.append(("list", corr, None, list(sent)))
+    with kwire.connect(broker, timeout=60) as s:
+        s.sendall(b"".join(frames))
+        for kind, corr, p, want in expect:
+            frame = kwire.recv_frame(s)
+            if kind == "produce":
+                got, _, idx, err, base = kwire.parse_produce_response(version, frame)
+                assert (got, idx) == (corr, p), "responses out of request order"
+                assert err == 0, f"request {corr} to partition {p} refused with {err}"
+                assert base == want, f"partition {p}: record {want} stored at offset {base}"
+            else:
+                got, ends = parse_list_offsets_v1(frame)
+                assert got == corr, "responses out of request order"
+                seen = {q: off for q, (err, off) in ends.items() if err == 0}
+                assert len(seen) == partitions, f"ListOffsets refused: {ends}"
+                after = f"ListOffsets after {corr - 100_000 + 1} produces saw {ends}"
+                if acks == 1:
+                    assert seen == dict(enumerate(want)), after
+                else:
+                    assert all(seen[q] <= want[q] for q in seen), after
+        s.sendall(list_offsets_v1(1, topic, partitions))
+        _, ends = parse_list_offsets_v1(kwire.recv_frame(s))
+        assert {q: off for q, (_, off) in ends.items()} == dict(enumerate(sent))

@@ -8,7 +8,11 @@
 //! *effects* are done ([`EffectGate`]): for almost every API that is when its handler returns;
 //! an acks=all Produce opens the gate once its appends have completed, so the wait for the
 //! group-commit sync — which nobody can observe except through the response — overlaps with
-//! the next requests. Responses leave in request order: each request runs as its own task and
+//! the next requests. A Produce after a Produce waits less: only until the earlier one's
+//! appends are queued in order on their owning shards (`crate::turns`), since its own appends
+//! then queue behind them; without that, a producer whose partition lives on another shard
+//! paid one cross-shard round trip per request. Any other request waits until every earlier
+//! request's effects are done. Responses leave in request order: each request runs as its own task and
 //! the writer awaits those tasks in arrival order. At most [`MAX_IN_FLIGHT`] requests per
 //! connection are in progress; beyond that the reader waits.
 //!
@@ -39,10 +43,11 @@ use glommio::Task;
 use kaas_wire::codec::{self, decode_request};
 use kaas_wire::fetch_frame::ResponseFrame;
 use kaas_wire::frame::{frame_len, FRAME_PREFIX_LEN};
+use kaas_wire::kafka_protocol::messages::ApiKey;
 use kaas_wire::WireError;
 
 use crate::admission::{ConnPermit, Reservation, FIRST_CHUNK_BYTES};
-use crate::handlers::{self, EffectGate};
+use crate::handlers::{self, EffectGate, Effects};
 use crate::probe::{PROCESS, QUEUE, SEND};
 use crate::shard::Shard;
 
@@ -301,9 +306,9 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
     client_host: &Rc<str>,
 ) -> Result<(), Close> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    // Resolves when the previous request's effects are done (see the module docs). Reading
-    // the next frame meanwhile is unobservable; dispatching it is not.
-    let mut previous_effects: Option<futures::channel::oneshot::Receiver<()>> = None;
+    // The gates of the requests dispatched so far (see the module docs). Reading the next
+    // frame meanwhile is unobservable; dispatching it is not.
+    let mut gates = Gates::default();
     let idle = Duration::from_millis(shard.config.connections_max_idle_ms);
     loop {
         // A stopping broker takes no more requests; those read so far are answered (the
@@ -339,10 +344,8 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
             .fetch_add((len + FRAME_PREFIX_LEN) as u64, Ordering::Relaxed);
         let received = Instant::now();
         let decoded = decode_request(body.into_bytes());
-        if let Some(effects) = previous_effects.take() {
-            // Dropped or fired: both mean the previous request can no longer be overtaken.
-            let _ = effects.await;
-        }
+        let produce = matches!(&decoded, Ok(r) if r.api_key == ApiKey::Produce);
+        gates.wait_before(produce).await;
         let task = match decoded {
             Ok(request) => {
                 shard
@@ -351,7 +354,7 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                 let shard = shard.clone();
                 let client_host = client_host.clone();
                 let (gate, effects) = EffectGate::new();
-                previous_effects = Some(effects);
+                gates.push(effects);
                 glommio::spawn_local(async move {
                     let started = Instant::now();
                     let api_key = request.api_key;
@@ -386,6 +389,48 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
         if tx.send(task).await.is_err() {
             return Err(Close::Eof);
         }
+    }
+}
+
+/// The [`Effects`] of a connection's dispatched requests that may still be under way.
+#[derive(Default)]
+struct Gates {
+    /// The last request's order step: every earlier request's has opened before it was
+    /// dispatched, so this one alone says whether a Produce may go next.
+    ordered: Option<futures::channel::oneshot::Receiver<()>>,
+    /// The done steps not yet seen open, oldest first. A Produce may be dispatched while its
+    /// predecessors' appends are under way, so "the last request is done" does not mean
+    /// "every request is"; any other request waits for all of these.
+    done: std::collections::VecDeque<futures::channel::oneshot::Receiver<()>>,
+}
+
+impl Gates {
+    /// Waits until the next request may be dispatched: a Produce once the previous request's
+    /// effects are queued in order, anything else once every earlier request's effects are
+    /// done. A gate that fired and one that was dropped both count as open.
+    async fn wait_before(&mut self, produce: bool) {
+        if produce {
+            if let Some(ordered) = self.ordered.take() {
+                let _ = ordered.await;
+            }
+            // Forget those already open, so the list holds only requests still appending.
+            while let Some(front) = self.done.front_mut() {
+                if matches!(front.try_recv(), Ok(None)) {
+                    break;
+                }
+                self.done.pop_front();
+            }
+        } else {
+            self.ordered = None;
+            while let Some(done) = self.done.pop_front() {
+                let _ = done.await;
+            }
+        }
+    }
+
+    fn push(&mut self, effects: Effects) {
+        self.ordered = Some(effects.ordered);
+        self.done.push_back(effects.done);
     }
 }
 

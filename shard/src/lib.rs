@@ -25,6 +25,7 @@ pub mod refused;
 pub mod shard;
 pub mod stopping;
 pub mod topic_config;
+pub mod turns;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

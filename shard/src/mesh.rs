@@ -1,7 +1,8 @@
 //! Cross-shard calls. This is the one place that knows how work moves between cores: a job is a
 //! boxed closure sent over a bounded channel to the shard that owns the data, run there, and
 //! its result sent back as another job that completes a oneshot on the requester's thread. Keeping this behind one module keeps a runtime
-//! change cheap and makes every cross-core hop visible as `on_shard(...)`.
+//! change cheap and makes every cross-core hop visible as `on_shard(...)` (or `dispatch(...)`,
+//! its first half, for a caller that must know the job's place in the target's order).
 //!
 //! The channels are plain `futures` channels created before any shard starts, so there is no
 //! start-up handshake between executors (glommio's `channel_mesh` needs every executor to
@@ -112,11 +113,47 @@ where
     if target == shard.shard_id() {
         return Some(f(shard.clone()).await);
     }
+    dispatch(shard, target, f).await?.get().await
+}
+
+/// A call [`dispatch`]ed: begun on this shard, or queued on another, its result still to come.
+pub enum Reply<R, Fut> {
+    Here(Fut),
+    Away(futures::channel::oneshot::Receiver<R>),
+}
+
+impl<R, Fut: Future<Output = R>> Reply<R, Fut> {
+    /// The call's result; `None` when the target shard stopped before answering.
+    pub async fn get(self) -> Option<R> {
+        match self {
+            Reply::Here(fut) => Some(fut.await),
+            Reply::Away(rx) => rx.await.ok(),
+        }
+    }
+}
+
+/// Starts `f` on shard `target` and returns once its place in that shard's order is fixed: on
+/// this shard `f` has been called; on another the job is in the target's inbox, and `f` will be
+/// called there, synchronously as the job is taken out, after every job this shard sent to it
+/// before. What `f` does before its future first awaits is therefore done in the order this
+/// shard dispatched (the per-partition append order relies on it, see `crate::turns`). `None`
+/// when the target shard is gone (shutting down). See [`on_shard`] for how the reply travels.
+pub async fn dispatch<C, R, F, Fut>(shard: &Rc<C>, target: usize, f: F) -> Option<Reply<R, Fut>>
+where
+    C: Endpoint,
+    R: Send + 'static,
+    F: FnOnce(Rc<C>) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + 'static,
+{
+    if target == shard.shard_id() {
+        return Some(Reply::Here(f(shard.clone())));
+    }
     let home = shard.shard_id();
     let (tx, rx) = futures::channel::oneshot::channel();
     let job: Job<C> = Box::new(move |remote: Rc<C>| {
+        let call = f(remote.clone());
         glommio::spawn_local(async move {
-            let result = f(remote.clone()).await;
+            let result = call.await;
             let reply: Job<C> = Box::new(move |_home: Rc<C>| {
                 let _ = tx.send(result);
             });
@@ -133,7 +170,7 @@ where
         drop(job);
         return None;
     }
-    rx.await.ok()
+    Some(Reply::Away(rx))
 }
 
 #[cfg(test)]
@@ -197,6 +234,70 @@ mod tests {
         let data = Arc::into_raw(record.clone()) as *const ();
         // SAFETY: VTABLE's functions keep the Arc count in step with the wakers.
         unsafe { Waker::from_raw(RawWaker::new(data, &VTABLE)) }
+    }
+
+    // `dispatch` fixes each job's place when it returns: `f` has run here already for this
+    // shard, and on the other shard the `f`s run in the order they were dispatched, however
+    // long each job's future then takes (the per-partition append order rests on this).
+    #[test]
+    fn dispatched_jobs_start_in_dispatch_order() {
+        let mut mesh: Mesh<Ctx> = Mesh::new(2);
+        let (inbox1, peers1) = mesh.take(1);
+        let (inbox0, peers0) = mesh.take(0);
+        let remote = glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let ctx = Rc::new(Ctx {
+                    id: 1,
+                    peers: peers1,
+                });
+                serve_inbox(ctx, inbox1).await;
+            })
+            .unwrap();
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let seen = started.clone();
+        let caller = glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let ctx = Rc::new(Ctx {
+                    id: 0,
+                    peers: peers0,
+                });
+                glommio::spawn_local(serve_inbox(ctx.clone(), inbox0)).detach();
+                let mut replies = Vec::new();
+                for i in 0..300u32 {
+                    let target = (i % 3 != 0) as usize;
+                    let log = seen.clone();
+                    let reply = dispatch(&ctx, target, move |c: Rc<Ctx>| {
+                        log.lock().unwrap().push((c.id, i));
+                        async move {
+                            let pause = u64::from((i * 7) % 5) * 100;
+                            glommio::timer::sleep(std::time::Duration::from_micros(pause)).await;
+                            i
+                        }
+                    })
+                    .await
+                    .expect("both shards run");
+                    if target == 0 {
+                        assert_eq!(seen.lock().unwrap().last(), Some(&(0, i)));
+                    }
+                    replies.push(reply);
+                }
+                let mut got = Vec::new();
+                for reply in replies {
+                    got.push(reply.get().await.expect("answered"));
+                }
+                assert_eq!(got, (0..300).collect::<Vec<_>>());
+            })
+            .unwrap();
+        caller.join().unwrap();
+        let started = started.lock().unwrap();
+        let on_remote: Vec<u32> = started
+            .iter()
+            .filter(|(s, _)| *s == 1)
+            .map(|p| p.1)
+            .collect();
+        let sent: Vec<u32> = (0..300).filter(|i| i % 3 != 0).collect();
+        assert_eq!(on_remote, sent, "jobs started out of dispatch order");
+        drop(remote);
     }
 
     // A cross-shard call touches the caller's waker only on the caller's thread: glommio 0.9

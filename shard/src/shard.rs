@@ -100,6 +100,9 @@ pub struct Shard {
     claims: crate::leader_claim::ClaimCache,
     /// Set when the broker stops (see [`crate::stopping`]).
     pub stopping: crate::stopping::Stopping,
+    /// Each partition's queue of appends, in the order their requests arrived here (see
+    /// [`crate::turns`]).
+    pub append_turns: crate::turns::Turns<(Uuid, i32)>,
 }
 
 /// How many closed logs' outcomes [`Shard::kept_on_handover`] remembers. A write's answer
@@ -145,6 +148,7 @@ impl Shard {
             refused: RefCell::new(crate::refused::RefusedSequences::default()),
             claims: crate::leader_claim::ClaimCache::default(),
             stopping: crate::stopping::Stopping::default(),
+            append_turns: crate::turns::Turns::default(),
         }
     }
 

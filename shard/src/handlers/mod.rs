@@ -59,26 +59,66 @@ pub(crate) mod authorized {
 
 use crate::catalog::TopicMeta;
 use crate::errors;
-use crate::mesh::on_shard;
+use futures::future::LocalBoxFuture;
+
+use crate::mesh::dispatch;
 use crate::shard::Shard;
 
 /// Held by a request while its effects are under way; the connection dispatches its next
 /// request only once the gate is released or dropped (see `crate::conn`). Handlers that do
 /// nothing unobservable after their effects simply drop it when they return.
-pub struct EffectGate(Option<futures::channel::oneshot::Sender<()>>);
+///
+/// A Produce opens it in two steps: once its appends are queued in order on their owning
+/// shards ([`EffectGate::release_order`]), the connection's next *Produce* may be dispatched —
+/// its appends queue behind these (`crate::turns`); any other request still waits until the
+/// appends are done ([`EffectGate::release`]), so that what it reads includes them.
+pub struct EffectGate {
+    ordered: Option<futures::channel::oneshot::Sender<()>>,
+    done: Option<futures::channel::oneshot::Sender<()>>,
+}
+
+/// The connection's side of an [`EffectGate`]: each receiver resolves (with `Ok` or
+/// `Canceled`, both meaning open) when that step of the gate opens.
+pub struct Effects {
+    pub ordered: futures::channel::oneshot::Receiver<()>,
+    pub done: futures::channel::oneshot::Receiver<()>,
+}
 
 impl EffectGate {
-    /// A gate and the receiver that resolves when it opens.
-    pub fn new() -> (EffectGate, futures::channel::oneshot::Receiver<()>) {
-        let (tx, rx) = futures::channel::oneshot::channel();
-        (EffectGate(Some(tx)), rx)
+    /// A gate and the receivers that resolve when it opens.
+    pub fn new() -> (EffectGate, Effects) {
+        let (ordered_tx, ordered) = futures::channel::oneshot::channel();
+        let (done_tx, done) = futures::channel::oneshot::channel();
+        (
+            EffectGate {
+                ordered: Some(ordered_tx),
+                done: Some(done_tx),
+            },
+            Effects { ordered, done },
+        )
     }
 
-    /// Lets the connection dispatch its next request now.
-    pub fn release(&mut self) {
-        if let Some(tx) = self.0.take() {
+    /// The request's appends are queued in order on their owners: the connection may dispatch
+    /// its next Produce now.
+    pub fn release_order(&mut self) {
+        if let Some(tx) = self.ordered.take() {
             let _ = tx.send(());
         }
+    }
+
+    /// Lets the connection dispatch its next request, whatever it is, now.
+    pub fn release(&mut self) {
+        self.release_order();
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for EffectGate {
+    fn drop(&mut self) {
+        // Order first, so that whoever waits for `done` finds `ordered` open too.
+        self.release();
     }
 }
 
@@ -398,50 +438,101 @@ where
     F: Fn(Rc<Shard>, I) -> Fut + Send + Clone + 'static,
     Fut: Future<Output = R> + 'static,
 {
+    dispatch_per_partition(shard, items, f)
+        .await
+        .results(lost)
+        .await
+}
+
+/// [`per_partition`]'s first half: returns once every owning shard has its items queued. `f`
+/// is called for each item synchronously as its message reaches the owner (here, before this
+/// returns), in item order, and after the items of every message this shard dispatched to
+/// that owner before (`mesh::dispatch`); only the futures it returns run later.
+pub(crate) async fn dispatch_per_partition<I, R, F, Fut>(
+    shard: &Rc<Shard>,
+    items: Vec<(usize, I)>,
+    f: F,
+) -> Dispatched<R>
+where
+    I: Send + 'static,
+    R: Send + 'static,
+    F: Fn(Rc<Shard>, I) -> Fut + Send + Clone + 'static,
+    Fut: Future<Output = R> + 'static,
+{
     let n = items.len();
     let mut groups: Vec<Vec<(usize, I)>> = (0..shard.nshards).map(|_| Vec::new()).collect();
     for (i, (target, item)) in items.into_iter().enumerate() {
         groups[target].push((i, item));
     }
-    let calls = groups
-        .into_iter()
-        .enumerate()
-        .filter(|(_, g)| !g.is_empty())
-        .map(|(target, group)| {
-            let f = f.clone();
-            let indices: Vec<usize> = group.iter().map(|(i, _)| *i).collect();
-            async move {
-                let results = on_shard(shard, target, move |s: Rc<Shard>| async move {
-                    use futures::StreamExt;
-                    let work = group.into_iter().map(|(i, item)| {
-                        let fut = f(s.clone(), item);
-                        async move { (i, fut.await) }
-                    });
-                    futures::stream::iter(work)
-                        .buffer_unordered(CONCURRENT_ITEMS_PER_SHARD)
-                        .collect::<Vec<_>>()
-                        .await
+    let mut calls = Vec::new();
+    // One owner at a time: each send completes before the next starts, so the order of this
+    // shard's messages to each owner is the order of dispatch.
+    for (target, group) in groups.into_iter().enumerate() {
+        if group.is_empty() {
+            continue;
+        }
+        let f = f.clone();
+        let indices: Vec<usize> = group.iter().map(|(i, _)| *i).collect();
+        let reply = dispatch(shard, target, move |s: Rc<Shard>| {
+            let work: Vec<_> = group
+                .into_iter()
+                .map(|(i, item)| {
+                    let fut = f(s.clone(), item);
+                    async move { (i, fut.await) }
                 })
-                .await;
-                (indices, results)
+                .collect();
+            async move {
+                use futures::StreamExt;
+                futures::stream::iter(work)
+                    .buffer_unordered(CONCURRENT_ITEMS_PER_SHARD)
+                    .collect::<Vec<_>>()
+                    .await
             }
-        });
-    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
-    for (indices, results) in futures::future::join_all(calls).await {
-        match results {
-            Some(rs) => {
-                for (i, r) in rs {
-                    out[i] = Some(r);
+        })
+        .await;
+        let results: ShardResults<R> = match reply {
+            Some(reply) => Box::pin(reply.get()),
+            None => Box::pin(std::future::ready(None)),
+        };
+        calls.push((indices, results));
+    }
+    Dispatched { n, calls }
+}
+
+/// One owner's results, by item index; `None` when that shard is gone.
+type ShardResults<R> = LocalBoxFuture<'static, Option<Vec<(usize, R)>>>;
+
+/// Items queued on their owning shards by [`dispatch_per_partition`], their results to come.
+pub(crate) struct Dispatched<R> {
+    n: usize,
+    /// Per owner: the indices of its items, and their results.
+    calls: Vec<(Vec<usize>, ShardResults<R>)>,
+}
+
+impl<R: Clone> Dispatched<R> {
+    /// Every item's result, in input order; `lost` for an item whose shard is gone.
+    pub(crate) async fn results(self, lost: R) -> Vec<R> {
+        let (indices, calls): (Vec<_>, Vec<_>) = self.calls.into_iter().unzip();
+        let mut out: Vec<Option<R>> = (0..self.n).map(|_| None).collect();
+        for (indices, results) in indices
+            .into_iter()
+            .zip(futures::future::join_all(calls).await)
+        {
+            match results {
+                Some(rs) => {
+                    for (i, r) in rs {
+                        out[i] = Some(r);
+                    }
                 }
-            }
-            None => {
-                for i in indices {
-                    out[i] = Some(lost.clone());
+                None => {
+                    for i in indices {
+                        out[i] = Some(lost.clone());
+                    }
                 }
             }
         }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| lost.clone()))
+            .collect()
     }
-    out.into_iter()
-        .map(|r| r.unwrap_or_else(|| lost.clone()))
-        .collect()
 }

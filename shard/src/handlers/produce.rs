@@ -13,7 +13,7 @@ use kaas_wire::kafka_protocol::messages::produce_response::{
 };
 use kaas_wire::kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 
-use super::{per_partition, resolve_topic, EffectGate};
+use super::{dispatch_per_partition, per_partition, resolve_topic, EffectGate};
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
@@ -136,15 +136,20 @@ pub async fn produce(
         .iter()
         .map(|(owner, (m, p, _))| (*owner, m.clone(), *p))
         .collect();
-    // Phase 1, the effect: every partition's append, on its owning shard.
-    let appended = per_partition(
-        shard,
-        work,
-        move |s, (meta, partition, records)| produce_partition(s, meta, partition, records, acks),
-        Appended::Done(PartResult::error(errors::NOT_LEADER_OR_FOLLOWER)),
-    )
+    // Phase 1, the effect: every partition's append, on its owning shard. Each takes its place
+    // in its partition's append order as it reaches the owner (`crate::turns`)...
+    let appending = dispatch_per_partition(shard, work, move |s, (meta, partition, records)| {
+        produce_partition(s, meta, partition, records, acks)
+    })
     .await;
-    // The appends are in the logs: the connection may dispatch its next request while this one
+    // ...so the connection's next Produce may be dispatched now: its appends queue behind these.
+    gate.release_order();
+    let appended = appending
+        .results(Appended::Done(PartResult::error(
+            errors::NOT_LEADER_OR_FOLLOWER,
+        )))
+        .await;
+    // The appends are in the logs: the connection may dispatch any request while this one
     // waits for its sync.
     gate.release();
     // Phase 2, acks=all: wait for the group commit that covers each write, on its shard.
@@ -235,15 +240,34 @@ fn str_bytes(v: &str) -> kaas_wire::kafka_protocol::protocol::StrBytes {
     kaas_wire::kafka_protocol::protocol::StrBytes::from_string(v.to_string())
 }
 
-/// Runs on the shard that owns the partition: validate and append. acks=all is answered by
-/// [`acknowledge_when_durable`] once the write is durable.
-#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
-async fn produce_partition(
+/// Runs on the shard that owns the partition, called as the request's message arrives there:
+/// takes the append's place in the partition's order at once, and returns the append, which
+/// waits for its turn (see `crate::turns`).
+fn produce_partition(
     shard: Rc<Shard>,
     meta: Arc<TopicMeta>,
     partition: i32,
     records: Bytes,
     acks: i16,
+) -> impl std::future::Future<Output = Appended> {
+    let turn = shard.append_turns.take((meta.id, partition));
+    async move {
+        turn.ready().await;
+        append_partition(shard, meta, partition, records, acks, turn).await
+    }
+}
+
+/// Validate and append, in the partition's turn; the turn is given back once the append is
+/// done (or refused). acks=all is answered by [`acknowledge_when_durable`] once the write is
+/// durable.
+#[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
+async fn append_partition(
+    shard: Rc<Shard>,
+    meta: Arc<TopicMeta>,
+    partition: i32,
+    records: Bytes,
+    acks: i16,
+    turn: crate::turns::Turn<(uuid::Uuid, i32)>,
 ) -> Appended {
     let refuse = |code| Appended::Done(PartResult::error(code));
     let headers = match verify_produced_record_set(&records) {
@@ -421,6 +445,8 @@ async fn produce_partition(
         log_append_time_ms: log_append_time_ms.unwrap_or(-1),
         ..PartResult::error(errors::NONE)
     };
+    // The effect is done: the partition's next append may go ahead while this one is answered.
+    drop(turn);
     if acks == -1 {
         return Appended::Pending {
             result,
