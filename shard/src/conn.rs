@@ -5,16 +5,16 @@
 //! (no idempotence, a deep in-flight window) and Java producers with `max.in.flight > 1` rely
 //! on it for per-partition order, and idempotent producers rely on it to avoid
 //! OUT_OF_ORDER_SEQUENCE_NUMBER. So a request is dispatched only after the previous one's
-//! *effects* are done ([`EffectGate`]): for almost every API that is when its handler returns;
-//! an acks=all Produce opens the gate once its appends have completed, so the wait for the
-//! group-commit sync — which nobody can observe except through the response — overlaps with
-//! the next requests. A Produce after a Produce waits less: only until the earlier one's
-//! appends are queued in order on their owning shards (`crate::turns`), since its own appends
-//! then queue behind them; without that, a producer whose partition lives on another shard
-//! paid one cross-shard round trip per request. Any other request waits until every earlier
-//! request's effects are done. Responses leave in request order: each request runs as its own task and
-//! the writer awaits those tasks in arrival order. At most [`MAX_IN_FLIGHT`] requests per
-//! connection are in progress; beyond that the reader waits.
+//! *effects* are done ([`EffectGate`]), which is when its handler returns. A Produce after a
+//! Produce waits less: only until the earlier one's appends are queued in order on their
+//! owning shards (`crate::turns`), since its own appends then queue behind them. So a
+//! producer's appends, and its acks=all requests' waits for the group-commit sync (which nobody
+//! can observe except through the response), overlap with its next requests; before this, a
+//! producer whose partition lives on another shard paid one cross-shard round trip per
+//! request. Any other request waits until every earlier request is done. Responses leave in
+//! request order: each request runs as its own task and the writer awaits those tasks in
+//! arrival order. At most [`MAX_IN_FLIGHT`] requests per connection are in progress; beyond
+//! that the reader waits.
 //!
 //! Record sets that are slices of a segment mapping (`kaas_storage::resident::with_file_backing`)
 //! are written with `sendfile`, so the kernel hands page-cache pages to the socket and the

@@ -57,21 +57,20 @@ pub(crate) mod authorized {
     }
 }
 
-use crate::catalog::TopicMeta;
-use crate::errors;
 use futures::future::LocalBoxFuture;
 
+use crate::catalog::TopicMeta;
+use crate::errors;
 use crate::mesh::dispatch;
 use crate::shard::Shard;
 
-/// Held by a request while its effects are under way; the connection dispatches its next
-/// request only once the gate is released or dropped (see `crate::conn`). Handlers that do
-/// nothing unobservable after their effects simply drop it when they return.
+/// Held by a request while it is served; dropping it, when the handler returns, lets the
+/// connection dispatch its next request (see `crate::conn`).
 ///
 /// A Produce opens it in two steps: once its appends are queued in order on their owning
 /// shards ([`EffectGate::release_order`]), the connection's next *Produce* may be dispatched —
 /// its appends queue behind these (`crate::turns`); any other request still waits until the
-/// appends are done ([`EffectGate::release`]), so that what it reads includes them.
+/// Produce is answered, so that what it reads includes the appends.
 pub struct EffectGate {
     ordered: Option<futures::channel::oneshot::Sender<()>>,
     done: Option<futures::channel::oneshot::Sender<()>>,
@@ -105,20 +104,16 @@ impl EffectGate {
             let _ = tx.send(());
         }
     }
+}
 
-    /// Lets the connection dispatch its next request, whatever it is, now.
-    pub fn release(&mut self) {
+impl Drop for EffectGate {
+    /// The request is done: the connection may dispatch its next request, whatever it is.
+    fn drop(&mut self) {
+        // Order first, so that whoever waits for `done` finds `ordered` open too.
         self.release_order();
         if let Some(tx) = self.done.take() {
             let _ = tx.send(());
         }
-    }
-}
-
-impl Drop for EffectGate {
-    fn drop(&mut self) {
-        // Order first, so that whoever waits for `done` finds `ordered` open too.
-        self.release();
     }
 }
 
@@ -153,7 +148,7 @@ fn api_versions(
 }
 
 /// Serves one request and encodes its response; `None` when no response is due (acks=0).
-/// `gate` is released once the request's effects are done (at the latest when this returns).
+/// `gate` opens when this returns (a Produce lets a following Produce go earlier, see [`EffectGate`]).
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 /// `client_host` is the connection's peer as Kafka names it in group descriptions
 /// (`/127.0.0.1`).

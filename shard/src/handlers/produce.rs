@@ -13,7 +13,7 @@ use kaas_wire::kafka_protocol::messages::produce_response::{
 };
 use kaas_wire::kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 
-use super::{dispatch_per_partition, per_partition, resolve_topic, EffectGate};
+use super::{dispatch_per_partition, resolve_topic, EffectGate};
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
@@ -22,8 +22,7 @@ use crate::topic_config;
 /// A partition's share of a produce request: topic, partition index, record set.
 type PartitionWork = (Arc<TopicMeta>, i32, Bytes);
 
-/// What the owning shard reports after a partition's append.
-#[derive(Clone)]
+/// What a partition's append came to, on the owning shard.
 enum Appended {
     /// Answered (acks=0/1, a refusal, or an error).
     Done(PartResult),
@@ -61,10 +60,9 @@ impl PartResult {
     }
 }
 
-/// `None` for acks=0, which gets no response. `gate` opens once every partition's append is
-/// done: an acks=all request then waits for its sync (a second hop to each owning shard) while
-/// the connection's next request is already served (the order of effects is kept; see
-/// `crate::conn`).
+/// `None` for acks=0, which gets no response. `gate` lets the connection's next Produce go
+/// once every partition's append is queued on its owner, and anything else once this request
+/// is answered (see `crate::conn`).
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub async fn produce(
     shard: &Rc<Shard>,
@@ -132,63 +130,24 @@ pub async fn produce(
             slots.push((ti, p.index, early));
         }
     }
-    let metas: Vec<(usize, Arc<TopicMeta>, i32)> = work
-        .iter()
-        .map(|(owner, (m, p, _))| (*owner, m.clone(), *p))
-        .collect();
-    // Phase 1, the effect: every partition's append, on its owning shard. Each takes its place
-    // in its partition's append order as it reaches the owner (`crate::turns`)...
+    // The effect: every partition's append, on its owning shard. Each takes its place in its
+    // partition's append order as it reaches the owner (`crate::turns`)...
     let appending = dispatch_per_partition(shard, work, move |s, (meta, partition, records)| {
         produce_partition(s, meta, partition, records, acks)
     })
     .await;
-    // ...so the connection's next Produce may be dispatched now: its appends queue behind these.
+    // ...so the connection's next Produce may be dispatched now: its appends queue behind
+    // these. Any other request waits until this one returns (the gate is dropped then).
     gate.release_order();
-    let appended = appending
-        .results(Appended::Done(PartResult::error(
-            errors::NOT_LEADER_OR_FOLLOWER,
-        )))
-        .await;
-    // The appends are in the logs: the connection may dispatch any request while this one
-    // waits for its sync.
-    gate.release();
-    // Phase 2, acks=all: wait for the group commit that covers each write, on its shard.
-    let mut waits = Vec::new();
-    let mut wait_index = Vec::new();
-    for (i, (a, (owner, meta, partition))) in appended.iter().zip(metas).enumerate() {
-        if let Appended::Pending {
-            result,
-            end_offset,
-            log,
-            term,
-        } = a
-        {
-            wait_index.push(i);
-            waits.push((
-                owner,
-                (meta, partition, result.clone(), *end_offset, (*log, *term)),
-            ));
-        }
-    }
-    let durable = per_partition(
-        shard,
-        waits,
-        |s, (meta, partition, result, end, log)| {
-            acknowledge_when_durable(s, meta, partition, result, end, log)
-        },
-        // The owning shard is shutting down: the write is stored, its sync unconfirmed.
-        PartResult::error(errors::REQUEST_TIMED_OUT),
-    )
-    .await;
-    let mut results: Vec<PartResult> = appended
-        .into_iter()
-        .map(|a| match a {
-            Appended::Done(r) | Appended::Pending { result: r, .. } => r,
-        })
-        .collect();
-    for (i, r) in wait_index.into_iter().zip(durable) {
-        results[i] = r;
-    }
+    // An owning shard that stopped before answering may have stored an acks=all write without
+    // confirming its sync: REQUEST_TIMED_OUT (outcome unknown, retriable), not an answer that
+    // says nothing was stored.
+    let lost = if acks == -1 {
+        errors::REQUEST_TIMED_OUT
+    } else {
+        errors::NOT_LEADER_OR_FOLLOWER
+    };
+    let results = appending.results(PartResult::error(lost)).await;
     for (slot, r) in work_slot.into_iter().zip(results) {
         slots[slot].2 = Some(r);
     }
@@ -243,17 +202,34 @@ fn str_bytes(v: &str) -> kaas_wire::kafka_protocol::protocol::StrBytes {
 /// Runs on the shard that owns the partition, called as the request's message arrives there:
 /// takes the append's place in the partition's order at once, and returns the append, which
 /// waits for its turn (see `crate::turns`).
+///
+/// An acks=all write waits for the sync that covers it here too, after giving its turn back,
+/// so one message each way carries the whole request. (It used to come back after the append
+/// and go out again for the sync, so that the connection could go on meanwhile; a following
+/// Produce no longer needs that, and any other request may as well wait, as Kafka's own
+/// network layer makes it wait for the whole response.)
 fn produce_partition(
     shard: Rc<Shard>,
     meta: Arc<TopicMeta>,
     partition: i32,
     records: Bytes,
     acks: i16,
-) -> impl std::future::Future<Output = Appended> {
+) -> impl std::future::Future<Output = PartResult> {
     let turn = shard.append_turns.take((meta.id, partition));
     async move {
         turn.ready().await;
-        append_partition(shard, meta, partition, records, acks, turn).await
+        match append_partition(shard.clone(), meta.clone(), partition, records, acks, turn).await {
+            Appended::Done(r) => r,
+            Appended::Pending {
+                result,
+                end_offset,
+                log,
+                term,
+            } => {
+                acknowledge_when_durable(shard, meta, partition, result, end_offset, (log, term))
+                    .await
+            }
+        }
     }
 }
 
