@@ -413,7 +413,7 @@ impl Gates {
             if let Some(ordered) = self.ordered.take() {
                 let _ = ordered.await;
             }
-            // Forget those already open, so the list holds only requests still appending.
+            // Forget those already open, so the list holds only requests still under way.
             while let Some(front) = self.done.front_mut() {
                 if matches!(front.try_recv(), Ok(None)) {
                     break;

@@ -110,9 +110,6 @@ where
     F: FnOnce(Rc<C>) -> Fut + Send + 'static,
     Fut: Future<Output = R> + 'static,
 {
-    if target == shard.shard_id() {
-        return Some(f(shard.clone()).await);
-    }
     dispatch(shard, target, f).await?.get().await
 }
 
@@ -236,11 +233,14 @@ mod tests {
         unsafe { Waker::from_raw(RawWaker::new(data, &VTABLE)) }
     }
 
-    // `dispatch` fixes each job's place when it returns: `f` has run here already for this
-    // shard, and on the other shard the `f`s run in the order they were dispatched, however
-    // long each job's future then takes (the per-partition append order rests on this).
-    #[test]
-    fn dispatched_jobs_start_in_dispatch_order() {
+    /// Runs `body` on shard 0's executor, given its context, while shard 1's executor serves
+    /// its inbox, and returns what `body` returns.
+    fn with_two_shards<T, F, Fut>(body: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce(Rc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = T>,
+    {
         let mut mesh: Mesh<Ctx> = Mesh::new(2);
         let (inbox1, peers1) = mesh.take(1);
         let (inbox0, peers0) = mesh.take(0);
@@ -253,8 +253,6 @@ mod tests {
                 serve_inbox(ctx, inbox1).await;
             })
             .unwrap();
-        let started = Arc::new(Mutex::new(Vec::new()));
-        let seen = started.clone();
         let caller = glommio::LocalExecutorBuilder::default()
             .spawn(move || async move {
                 let ctx = Rc::new(Ctx {
@@ -262,33 +260,49 @@ mod tests {
                     peers: peers0,
                 });
                 glommio::spawn_local(serve_inbox(ctx.clone(), inbox0)).detach();
-                let mut replies = Vec::new();
-                for i in 0..300u32 {
-                    let target = (i % 3 != 0) as usize;
-                    let log = seen.clone();
-                    let reply = dispatch(&ctx, target, move |c: Rc<Ctx>| {
-                        log.lock().unwrap().push((c.id, i));
-                        async move {
-                            let pause = u64::from((i * 7) % 5) * 100;
-                            glommio::timer::sleep(std::time::Duration::from_micros(pause)).await;
-                            i
-                        }
-                    })
-                    .await
-                    .expect("both shards run");
-                    if target == 0 {
-                        assert_eq!(seen.lock().unwrap().last(), Some(&(0, i)));
-                    }
-                    replies.push(reply);
-                }
-                let mut got = Vec::new();
-                for reply in replies {
-                    got.push(reply.get().await.expect("answered"));
-                }
-                assert_eq!(got, (0..300).collect::<Vec<_>>());
+                body(ctx).await
             })
             .unwrap();
-        caller.join().unwrap();
+        let out = caller.join().unwrap();
+        // The remote shard's inbox stays open (its own context holds a sender to it): it is
+        // left running, as shards are until the process ends.
+        drop(remote);
+        out
+    }
+
+    // `dispatch` fixes each job's place when it returns: `f` has run here already for this
+    // shard, and on the other shard the `f`s run in the order they were dispatched, however
+    // long each job's future then takes (the per-partition append order rests on this).
+    #[test]
+    fn dispatched_jobs_start_in_dispatch_order() {
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let seen = started.clone();
+        with_two_shards(move |ctx: Rc<Ctx>| async move {
+            let mut replies = Vec::new();
+            for i in 0..300u32 {
+                let target = usize::from(i % 3 != 0);
+                let log = seen.clone();
+                let reply = dispatch(&ctx, target, move |c: Rc<Ctx>| {
+                    log.lock().unwrap().push((c.id, i));
+                    async move {
+                        let pause = u64::from((i * 7) % 5) * 100;
+                        glommio::timer::sleep(std::time::Duration::from_micros(pause)).await;
+                        i
+                    }
+                })
+                .await
+                .expect("both shards run");
+                if target == 0 {
+                    assert_eq!(seen.lock().unwrap().last(), Some(&(0, i)));
+                }
+                replies.push(reply);
+            }
+            let mut got = Vec::new();
+            for reply in replies {
+                got.push(reply.get().await.expect("answered"));
+            }
+            assert_eq!(got, (0..300).collect::<Vec<_>>());
+        });
         let started = started.lock().unwrap();
         let on_remote: Vec<u32> = started
             .iter()
@@ -297,7 +311,6 @@ mod tests {
             .collect();
         let sent: Vec<u32> = (0..300).filter(|i| i % 3 != 0).collect();
         assert_eq!(on_remote, sent, "jobs started out of dispatch order");
-        drop(remote);
     }
 
     // A cross-shard call touches the caller's waker only on the caller's thread: glommio 0.9
@@ -306,53 +319,28 @@ mod tests {
     // or drop the caller's waker abroad. The first version of on_shard did both.
     #[test]
     fn replies_touch_the_callers_waker_only_on_its_thread() {
-        let mut mesh: Mesh<Ctx> = Mesh::new(2);
-        let (inbox1, peers1) = mesh.take(1);
-        let (inbox0, peers0) = mesh.take(0);
-        let remote = glommio::LocalExecutorBuilder::default()
-            .spawn(move || async move {
-                serve_inbox(
-                    Rc::new(Ctx {
-                        id: 1,
-                        peers: peers1,
-                    }),
-                    inbox1,
-                )
-                .await;
-            })
-            .unwrap();
         let record = Arc::new(Record::default());
         let caller_record = record.clone();
-        let caller = glommio::LocalExecutorBuilder::default()
-            .spawn(move || async move {
-                let ctx = Rc::new(Ctx {
-                    id: 0,
-                    peers: peers0,
-                });
-                glommio::spawn_local(serve_inbox(ctx.clone(), inbox0)).detach();
-                let me = std::thread::current().id();
-                for round in 0..200u32 {
-                    let mut call =
-                        Box::pin(on_shard(&ctx, 1, move |_remote: Rc<Ctx>| async move {
-                            round * 2
-                        }));
-                    let waker = recording_waker(&caller_record);
-                    let mut cx = Context::from_waker(&waker);
-                    let got = loop {
-                        if let Poll::Ready(v) = call.as_mut().poll(&mut cx) {
-                            break v;
-                        }
-                        glommio::timer::sleep(std::time::Duration::from_micros(50)).await;
-                    };
-                    assert_eq!(got, Some(round * 2));
-                    drop(call);
-                    drop(waker);
-                }
-                drop(ctx);
-                me
-            })
-            .unwrap();
-        let caller_thread = caller.join().unwrap();
+        let caller_thread = with_two_shards(move |ctx: Rc<Ctx>| async move {
+            let me = std::thread::current().id();
+            for round in 0..200u32 {
+                let mut call = Box::pin(on_shard(&ctx, 1, move |_remote: Rc<Ctx>| async move {
+                    round * 2
+                }));
+                let waker = recording_waker(&caller_record);
+                let mut cx = Context::from_waker(&waker);
+                let got = loop {
+                    if let Poll::Ready(v) = call.as_mut().poll(&mut cx) {
+                        break v;
+                    }
+                    glommio::timer::sleep(std::time::Duration::from_micros(50)).await;
+                };
+                assert_eq!(got, Some(round * 2));
+                drop(call);
+                drop(waker);
+            }
+            me
+        });
         let foreign: Vec<_> = record
             .threads
             .lock()
@@ -365,8 +353,5 @@ mod tests {
             foreign.is_empty(),
             "the caller's waker was touched on another thread: {foreign:?}"
         );
-        // The remote shard's inbox stays open (its own context holds a sender to it): it is
-        // left running, as shards are until the process ends.
-        drop(remote);
     }
 }
