@@ -8,6 +8,7 @@ the clients as users do and check the stored order, not individual responses."""
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 
@@ -143,7 +144,6 @@ def test_pipelined_idempotent_batches_on_one_connection(broker, acks):
 
 def list_offsets_v1(corr: int, topic: str, partitions: int) -> bytes:
     """ListOffsets v1 asking every partition's end offset (timestamp -1)."""
-    import struct
     import kwire
     body = (struct.pack(">i", -1) + struct.pack(">i", 1) + kwire.string(topic)
             + struct.pack(">i", partitions)
@@ -153,7 +153,6 @@ def list_offsets_v1(corr: int, topic: str, partitions: int) -> bytes:
 
 def parse_list_offsets_v1(frame: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
     """(correlation id, {partition: (error code, offset)})."""
-    import struct
     (corr, _topics) = struct.unpack_from(">ii", frame, 0)
     (ln,) = struct.unpack_from(">h", frame, 8)
     pos = 10 + ln

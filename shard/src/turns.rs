@@ -18,9 +18,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::hash::Hash;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
@@ -62,8 +60,9 @@ impl<K: Hash + Eq + Clone + 'static> Turns<K> {
         }
     }
 
-    /// Partitions with a place taken (for tests and assertions).
-    pub fn busy(&self) -> usize {
+    /// Partitions with a place taken.
+    #[cfg(test)]
+    fn busy(&self) -> usize {
         self.queues.borrow().len()
     }
 }
@@ -77,36 +76,20 @@ pub struct Turn<K: Hash + Eq + Clone + 'static> {
 
 impl<K: Hash + Eq + Clone + 'static> Turn<K> {
     /// Resolves once every earlier place in the queue has been given back.
-    pub fn ready(&self) -> Ready<'_, K> {
-        Ready { turn: self }
+    pub async fn ready(&self) {
+        std::future::poll_fn(|cx| self.poll_ready(cx)).await;
     }
 
-    fn is_up(&self) -> bool {
-        let queues = self.queues.borrow();
+    fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut queues = self.queues.borrow_mut();
         let q = queues
-            .get(&self.key)
+            .get_mut(&self.key)
             .expect("a queue lives while a place in it is held");
         debug_assert!(q.serving <= self.place, "a place is served once");
-        q.serving == self.place
-    }
-}
-
-/// The future of [`Turn::ready`].
-pub struct Ready<'a, K: Hash + Eq + Clone + 'static> {
-    turn: &'a Turn<K>,
-}
-
-impl<K: Hash + Eq + Clone + 'static> Future for Ready<'_, K> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let turn = self.turn;
-        if turn.is_up() {
+        if q.serving == self.place {
             return Poll::Ready(());
         }
-        let mut queues = turn.queues.borrow_mut();
-        let q = queues.get_mut(&turn.key).expect("held place");
-        q.waiting.insert(turn.place, cx.waker().clone());
+        q.waiting.insert(self.place, cx.waker().clone());
         Poll::Pending
     }
 }
@@ -139,6 +122,7 @@ mod tests {
     use super::*;
     use futures::FutureExt;
     use proptest::prelude::*;
+    use std::future::Future;
 
     #[derive(Debug, Clone)]
     enum Step {

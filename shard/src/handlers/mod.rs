@@ -507,12 +507,12 @@ pub(crate) struct Dispatched<R> {
 impl<R: Clone> Dispatched<R> {
     /// Every item's result, in input order; `lost` for an item whose shard is gone.
     pub(crate) async fn results(self, lost: R) -> Vec<R> {
-        let (indices, calls): (Vec<_>, Vec<_>) = self.calls.into_iter().unzip();
-        let mut out: Vec<Option<R>> = (0..self.n).map(|_| None).collect();
-        for (indices, results) in indices
+        let calls = self
+            .calls
             .into_iter()
-            .zip(futures::future::join_all(calls).await)
-        {
+            .map(|(indices, results)| async move { (indices, results.await) });
+        let mut out: Vec<Option<R>> = (0..self.n).map(|_| None).collect();
+        for (indices, results) in futures::future::join_all(calls).await {
             match results {
                 Some(rs) => {
                     for (i, r) in rs {

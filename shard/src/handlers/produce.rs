@@ -22,20 +22,6 @@ use crate::topic_config;
 /// A partition's share of a produce request: topic, partition index, record set.
 type PartitionWork = (Arc<TopicMeta>, i32, Bytes);
 
-/// What a partition's append came to, on the owning shard.
-enum Appended {
-    /// Answered (acks=0/1, a refusal, or an error).
-    Done(PartResult),
-    /// acks=all: written, to be acknowledged once durable. `log` identifies the log (its
-    /// leadership term) the write went to, `term` the write fence's term it was checked under.
-    Pending {
-        result: PartResult,
-        end_offset: i64,
-        log: u64,
-        term: u64,
-    },
-}
-
 #[derive(Clone)]
 struct PartResult {
     error_code: i16,
@@ -218,24 +204,13 @@ fn produce_partition(
     let turn = shard.append_turns.take((meta.id, partition));
     async move {
         turn.ready().await;
-        match append_partition(shard.clone(), meta.clone(), partition, records, acks, turn).await {
-            Appended::Done(r) => r,
-            Appended::Pending {
-                result,
-                end_offset,
-                log,
-                term,
-            } => {
-                acknowledge_when_durable(shard, meta, partition, result, end_offset, (log, term))
-                    .await
-            }
-        }
+        append_partition(shard, meta, partition, records, acks, turn).await
     }
 }
 
 /// Validate and append, in the partition's turn; the turn is given back once the append is
-/// done (or refused). acks=all is answered by [`acknowledge_when_durable`] once the write is
-/// durable.
+/// done (or refused). acks=all is then answered by [`acknowledge_when_durable`] once the write
+/// is durable.
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 async fn append_partition(
     shard: Rc<Shard>,
@@ -244,8 +219,8 @@ async fn append_partition(
     records: Bytes,
     acks: i16,
     turn: crate::turns::Turn<(uuid::Uuid, i32)>,
-) -> Appended {
-    let refuse = |code| Appended::Done(PartResult::error(code));
+) -> PartResult {
+    let refuse = PartResult::error;
     let headers = match verify_produced_record_set(&records) {
         Ok(h) => h,
         Err(e) => {
@@ -296,18 +271,18 @@ async fn append_partition(
                 "Compacted topic cannot accept message without key in topic partition {}-{partition}.",
                 meta.name
             );
-            return Appended::Done(PartResult {
+            return PartResult {
                 record_errors: keyless,
                 error_message: Some(message),
                 ..PartResult::error(errors::INVALID_RECORD)
-            });
+            };
         }
     }
     if let Some((before, after)) = rules.create_time_window {
         let now = now_ms();
         if let Some(ts) = outside_time_window(&headers, now, before, after) {
             // Kafka refuses the batch with this code and text; the client fails its records.
-            return Appended::Done(PartResult {
+            return PartResult {
                 error_message: Some(format!(
                     "Timestamp {ts} of a record in topic partition {}-{partition} is out of range. \
                      The timestamp should be within [{}, {}] (message.timestamp.before.max.ms, \
@@ -317,7 +292,7 @@ async fn append_partition(
                     now.saturating_add(after)
                 )),
                 ..PartResult::error(errors::INVALID_TIMESTAMP)
-            });
+            };
         }
     }
     if let Some(free) = shard.admission.disk.below_floor() {
@@ -336,14 +311,14 @@ async fn append_partition(
             )
         });
         note_unstored(errors::KAFKA_STORAGE_ERROR);
-        return Appended::Done(PartResult {
+        return PartResult {
             error_message: Some(format!(
                 "The data volume of broker {} has {free} bytes free, below its \
                  --min-free-bytes of {floor}: produce is refused until space is freed",
                 shard.config.broker_id
             )),
             ..PartResult::error(errors::KAFKA_STORAGE_ERROR)
-        });
+        };
     }
     let log_append_time_ms = rules.log_append_time.then(now_ms);
     // Cluster mode: only the leader writes, and only while its write fence is open (see
@@ -423,26 +398,24 @@ async fn append_partition(
     };
     // The effect is done: the partition's next append may go ahead while this one is answered.
     drop(turn);
+    let end_offset = outcome.end_offset();
     if acks == -1 {
-        return Appended::Pending {
-            result,
-            end_offset: outcome.end_offset(),
-            log: log.generation(),
-            term,
-        };
-    }
-    Appended::Done(
-        may_acknowledge(
-            &shard,
-            &meta,
+        // Still on the owning shard: wait here for the sync that covers the write. The handle
+        // is let go: whether the write may be acknowledged is judged by the log that serves
+        // this generation then, or by what its close kept (`acknowledge_when_durable`).
+        let generation = log.generation();
+        drop(log);
+        return acknowledge_when_durable(
+            shard,
+            meta,
             partition,
-            &log,
             result,
-            outcome.end_offset(),
-            term,
+            end_offset,
+            (generation, term),
         )
-        .await,
-    )
+        .await;
+    }
+    may_acknowledge(&shard, &meta, partition, &log, result, end_offset, term).await
 }
 
 /// The retriable answer for a sequence gap this broker or the previous leader left by refusing
@@ -487,8 +460,8 @@ fn sequence_skips_ahead(expected: i32, got: i32) -> bool {
 /// `code`): retriable, so that the client resends the refused batch first, instead of
 /// OUT_OF_ORDER_SEQUENCE_NUMBER, after which librdkafka bumps its producer epoch and renumbers
 /// (and may store twice) what it has in flight.
-fn gap_refusal(shard: &Shard, code: i16, expected: i32, got: i32) -> Appended {
-    Appended::Done(PartResult {
+fn gap_refusal(shard: &Shard, code: i16, expected: i32, got: i32) -> PartResult {
+    PartResult {
         error_message: Some(format!(
             "sequence {got} does not follow {}: a batch before it was refused unstored by \
              broker {} or by the partition's previous leader (leadership or free space \
@@ -497,7 +470,7 @@ fn gap_refusal(shard: &Shard, code: i16, expected: i32, got: i32) -> Appended {
             shard.config.broker_id
         )),
         ..PartResult::error(code)
-    })
+    }
 }
 
 /// Runs on the owning shard: answers an acks=all write once the sync covering it completed.
