@@ -19,9 +19,12 @@
 //! Record sets that are slices of a segment mapping (`kaas_storage::resident::with_file_backing`)
 //! are written with `sendfile`, so the kernel hands page-cache pages to the socket and the
 //! broker copies nothing; everything else is written from memory. The socket is non-blocking
-//! so that `sendfile` on a full socket returns instead of waiting for the client. A range with
-//! pages not in the page cache is sent from the shard's blocking thread, since `sendfile` reads
-//! them synchronously and the shard's other connections must not wait for the disk.
+//! so that `sendfile` on a full socket returns instead of waiting for the client. A window of
+//! a record set with pages not in the page cache — history — is read past the page cache
+//! (`kaas_storage::direct`) on the shard's blocking threads while the windows before it are
+//! written ([`write_frame`]): the shard's other connections must not wait for the disk, and
+//! pages read once must not fill the page cache that a pod's memory limit counts. Failing
+//! that, it is sent with `sendfile` from a blocking thread, which reads them synchronously.
 //!
 //! What a connection may hold is bounded ([`crate::admission`]): a request body's memory is
 //! reserved from the broker-wide budget as its bytes arrive, and the reader stops reading while
@@ -98,22 +101,17 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                 probe
                     .bytes_out
                     .fetch_add(frame.len() as u64, Ordering::Relaxed);
-                for chunk in &frame.chunks {
-                    let sent = if zero_copy && sendfile_worth(chunk) {
-                        send_file(&mut writer, socket, chunk).await
-                    } else {
-                        writer.write_all(chunk).await
-                    };
-                    if sent.is_err() {
-                        // The frame is cut short: nothing more can be sent on this connection.
-                        // Shut it down both ways, so the client sees it close (and retries
-                        // elsewhere) and the reader stops taking requests, rather than leaving
-                        // a half frame on a live connection until the client's timeout.
-                        // SAFETY: shutdown of this connection's socket, which is open.
-                        unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
-                        broken = true;
-                        break;
-                    }
+                if write_frame(&mut writer, socket, zero_copy, &frame)
+                    .await
+                    .is_err()
+                {
+                    // The frame is cut short: nothing more can be sent on this connection.
+                    // Shut it down both ways, so the client sees it close (and retries
+                    // elsewhere) and the reader stops taking requests, rather than leaving a
+                    // half frame on a live connection until the client's timeout.
+                    // SAFETY: shutdown of this connection's socket, which is open.
+                    unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
+                    broken = true;
                 }
             }
             if let Some((api_key, handled)) = served.handled {
@@ -128,6 +126,73 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     drop(tx);
     writer_task.await;
     shard.probe.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Windows of a response that are made ready (a cold one read from disk) while an earlier one
+/// is being written. With one read at a time the disk sat idle while the socket was written,
+/// and the socket while the disk was read.
+const WINDOWS_AHEAD: usize = 4;
+
+/// A piece of a response as it is written: bytes in memory, a window of a segment mapping to
+/// send with `sendfile`, or a window read past the page cache (`kaas_storage::direct`).
+enum Piece {
+    Copy(Bytes),
+    File(Bytes),
+    Read(kaas_storage::direct::DirectRead),
+}
+
+/// Writes `frame`: chunks that are slices of a segment mapping (record sets) in windows of
+/// `kaas_storage::direct::WINDOW_BYTES`. A window whose pages are not all in the page cache is
+/// read past it while the windows before it are written ([`WINDOWS_AHEAD`]), so history a
+/// consumer catches up on neither waits for the disk one window at a time nor fills the page
+/// cache — in a pod, the broker's memory limit — with pages read once. A window that cannot
+/// be read that way is sent with `sendfile` as any other ([`send_file`]).
+async fn write_frame(
+    writer: &mut (impl AsyncWriteExt + Unpin),
+    socket: RawFd,
+    zero_copy: bool,
+    frame: &ResponseFrame,
+) -> std::io::Result<()> {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    const WINDOW: usize = kaas_storage::direct::WINDOW_BYTES;
+    let pieces = frame.chunks.iter().flat_map(|chunk| {
+        let file = zero_copy && sendfile_worth(chunk);
+        let windows = if file {
+            chunk.len().div_ceil(WINDOW)
+        } else {
+            1
+        };
+        (0..windows).map(move |k| {
+            if file {
+                Piece::File(chunk.slice(k * WINDOW..chunk.len().min((k + 1) * WINDOW)))
+            } else {
+                Piece::Copy(chunk.clone())
+            }
+        })
+    });
+    let mut ready = stream::iter(pieces)
+        .map(|piece| async move {
+            let Piece::File(window) = piece else {
+                return Ok(piece);
+            };
+            if kaas_storage::resident::in_page_cache(&window) {
+                return Ok(Piece::File(window));
+            }
+            match kaas_storage::direct::read(&window).await {
+                Some(Ok(read)) => Ok(Piece::Read(read)),
+                Some(Err(e)) => Err(segment_unreadable(e)),
+                None => Ok(Piece::File(window)),
+            }
+        })
+        .buffered(WINDOWS_AHEAD);
+    while let Some(piece) = ready.try_next().await? {
+        match piece {
+            Piece::Copy(bytes) => writer.write_all(&bytes).await?,
+            Piece::File(window) => send_file(writer, socket, &window).await?,
+            Piece::Read(read) => writer.write_all(&read).await?,
+        }
+    }
+    Ok(())
 }
 
 /// When the socket is full, this much of a file-backed chunk is written through glommio (a

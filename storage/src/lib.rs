@@ -16,6 +16,7 @@
 pub mod ballast;
 mod codec;
 pub mod compaction;
+pub mod direct;
 pub mod divergence;
 pub mod epoch_cache;
 mod error;

@@ -1,0 +1,327 @@
+//! Reading history past the page cache: record sets that are not in the page cache are read
+//! with `O_DIRECT` into a few reusable buffers per shard, and written to the socket from there.
+//!
+//! A fetch's record sets are slices of segment mappings, sent with `sendfile` (`shard::conn`).
+//! `sendfile` reads what is not in the page cache into the page cache first. In a pod with a
+//! memory limit the page cache is charged to the broker's cgroup, so once history filled it,
+//! every page read had to reclaim one first, on the thread that read it: reading 5 GiB back in
+//! a 1 GiB cgroup spent 0.90-0.98 broker CPU s/GiB, a fifth of it in the cgroup's reclaim,
+//! and ran at 36-39% of the same read from an unlimited page cache (bench/README.md, "Cold
+//! history past the page cache"). History read once by a consumer catching up is rarely read
+//! again soon, so caching it buys nothing and evicts the tail that other consumers do read.
+//!
+//! A window of a record set (at most [`WINDOW_BYTES`]) that is not wholly in the page cache
+//! is therefore read here: from a second descriptor of the segment's file opened with
+//! `O_DIRECT` (through `/proc/self/fd`, so it is the same file whatever happened to its name),
+//! on the shard's blocking threads ([`crate::resident::off_shard`], which bounds how many run
+//! at once), into one of [`BUFFERS_PER_SHARD`] buffers that live as long as the shard and are
+//! reused, so a read neither allocates nor faults in fresh memory. The kernel writes back any
+//! dirty page of the range before a direct read, so the bytes are those the mapping shows.
+//! The connection reads the next windows while it writes this one (`shard::conn`).
+//!
+//! [`read`] answers `None` — the caller sends the window with `sendfile` as before — when no
+//! buffer is free (they bound the memory: a connection whose client stopped reading holds
+//! its buffers until it closes), when the window is not a slice of a live segment's mapping,
+//! or when the file system refuses `O_DIRECT` (tmpfs on old kernels, some FUSE file systems);
+//! the last is said once and remembered for the process.
+
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+
+/// The largest window one read takes; the connection cuts record sets into windows this size.
+pub const WINDOW_BYTES: usize = 1 << 20;
+/// Buffers per shard: at 1 MiB each, what a shard holds for cold reads at most.
+pub const BUFFERS_PER_SHARD: usize = 8;
+/// `O_DIRECT` offset, length and memory alignment: the page size, which is a multiple of every
+/// logical block size in use (a device with larger blocks refuses the read: see [`read`]).
+const ALIGN: usize = 4096;
+/// A window starts anywhere in its first block and ends anywhere in its last.
+const BUFFER_BYTES: usize = WINDOW_BYTES + 2 * ALIGN;
+
+/// Set once the data directory's file system refused `O_DIRECT`.
+static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// One aligned buffer of [`BUFFER_BYTES`], owned; moves to a blocking thread for the read.
+struct Buffer(NonNull<u8>);
+
+// SAFETY: the buffer is plain memory owned by this value alone.
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    fn layout() -> Layout {
+        Layout::from_size_align(BUFFER_BYTES, ALIGN).expect("a valid layout")
+    }
+
+    fn new() -> Self {
+        // Zeroed, so that the memory is initialised as a `&mut [u8]` requires.
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
+        Buffer(NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout())))
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: BUFFER_BYTES initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr(), BUFFER_BYTES) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed mutably through self.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), BUFFER_BYTES) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.0.as_ptr(), Self::layout()) }
+    }
+}
+
+/// A shard's buffers: those free, and how many are lent out.
+#[derive(Default)]
+struct Pool {
+    free: Vec<Buffer>,
+    lent: usize,
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// A free buffer of this thread's pool, `None` when all [`BUFFERS_PER_SHARD`] are lent.
+fn take() -> Option<Buffer> {
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.lent == BUFFERS_PER_SHARD {
+            return None;
+        }
+        pool.lent += 1;
+        Some(pool.free.pop().unwrap_or_else(Buffer::new))
+    })
+}
+
+fn give_back(buf: Buffer) {
+    let _ = POOL.try_with(|pool| {
+        let mut pool = pool.borrow_mut();
+        debug_assert!(
+            pool.lent > 0,
+            "a buffer given back to a pool that did not lend it"
+        );
+        pool.lent -= 1;
+        pool.free.push(buf);
+    });
+}
+
+/// Bytes read past the page cache: derefs to the window's bytes. Gives its buffer back to the
+/// shard when dropped, which must be on the shard that read it (it is not `Send`).
+pub struct DirectRead {
+    buf: Option<Buffer>,
+    start: usize,
+    len: usize,
+    _shard_local: PhantomData<std::rc::Rc<()>>,
+}
+
+impl std::ops::Deref for DirectRead {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let buf = self.buf.as_ref().expect("held until dropped");
+        &buf.bytes()[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for DirectRead {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            give_back(buf);
+        }
+    }
+}
+
+/// Reads `window` (a slice of a segment mapping, at most [`WINDOW_BYTES`]) from its file past
+/// the page cache, on this shard's blocking threads. `None` when it cannot be read this way
+/// (see the module docs; the caller sends it as before); an error when the file cannot give
+/// the bytes (it is shorter than the slice — something truncated it — or the disk failed).
+pub async fn read(window: &Bytes) -> Option<std::io::Result<DirectRead>> {
+    if UNSUPPORTED.load(Ordering::Relaxed) || window.is_empty() || window.len() > WINDOW_BYTES {
+        return None;
+    }
+    // The descriptor is duplicated while the segment guarantees it open: the read then runs
+    // even if the segment lets go of its file meanwhile (retention deleting it).
+    let (fd, offset) = crate::resident::with_file_backing(window, |fd, offset| {
+        // SAFETY: fcntl on a descriptor open for the closure's duration; the duplicate is
+        // close-on-exec.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        // SAFETY: a new descriptor that nothing else owns.
+        (
+            (dup >= 0).then(|| unsafe { OwnedFd::from_raw_fd(dup) }),
+            offset,
+        )
+    })?;
+    let fd = fd?;
+    let mut buf = take()?;
+    let (at, skip) = align_down(offset);
+    let want = (skip + window.len()).next_multiple_of(ALIGN);
+    let (buf, got) = crate::resident::off_shard(move || {
+        let got = read_direct(&fd, at, &mut buf.bytes_mut()[..want]);
+        (buf, got)
+    })
+    .await;
+    match got {
+        Ok(n) if n >= skip + window.len() => Some(Ok(DirectRead {
+            buf: Some(buf),
+            start: skip,
+            len: window.len(),
+            _shard_local: PhantomData,
+        })),
+        Ok(_) => {
+            give_back(buf);
+            Some(Err(std::io::ErrorKind::UnexpectedEof.into()))
+        }
+        Err(Refused::Unsupported(e)) => {
+            give_back(buf);
+            if !UNSUPPORTED.swap(true, Ordering::Relaxed) {
+                tracing::info!(error = %e, "the data directory's file system refuses O_DIRECT reads; history that is not in the page cache is read through it instead");
+            }
+            None
+        }
+        Err(Refused::NoDescriptor) => {
+            give_back(buf);
+            None
+        }
+        Err(Refused::Io(e)) => {
+            give_back(buf);
+            Some(Err(e))
+        }
+    }
+}
+
+/// `offset` rounded down to [`ALIGN`], and how far below `offset` that is.
+fn align_down(offset: u64) -> (u64, usize) {
+    let skip = (offset % ALIGN as u64) as usize;
+    (offset - skip as u64, skip)
+}
+
+/// Why a direct read gave no bytes.
+#[derive(Debug)]
+enum Refused {
+    /// The file system refuses `O_DIRECT` (or there is no `/proc` to reopen the file through).
+    Unsupported(std::io::Error),
+    /// No descriptor to spare for the second open (EMFILE): this window goes the old way.
+    NoDescriptor,
+    /// The read itself failed.
+    Io(std::io::Error),
+}
+
+/// Reads `buf.len()` bytes (a multiple of [`ALIGN`], as `at` is) at `at` of the file open as
+/// `fd`, through a second, `O_DIRECT` descriptor; the bytes read, fewer only at the end of the
+/// file. For a blocking thread.
+fn read_direct(fd: &OwnedFd, at: u64, buf: &mut [u8]) -> Result<usize, Refused> {
+    debug_assert!(at.is_multiple_of(ALIGN as u64) && buf.len().is_multiple_of(ALIGN));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE) => Refused::NoDescriptor,
+            _ => Refused::Unsupported(e),
+        })?;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], at + done as u64) {
+            Ok(0) => break,
+            // A read that ends off a block boundary reached the end of the file.
+            Ok(n) if !n.is_multiple_of(ALIGN) => return Ok(done + n),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                return Err(Refused::Unsupported(e))
+            }
+            Err(e) => return Err(Refused::Io(e)),
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Proves: a direct read returns exactly the file's bytes for windows at any offset and
+    // length (not block-aligned, ending at the file's end), and reports a file shorter than
+    // the window as such.
+    #[test]
+    fn direct_reads_return_the_files_bytes_at_any_alignment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("00000000000000000000.log");
+        let data: Vec<u8> = (0..(3 << 20) + 1234u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let fd: OwnedFd = file.into();
+        let mut buf = Buffer::new();
+        let cases = [
+            (0, WINDOW_BYTES),
+            (1, 4095),
+            (4095, 2),
+            (5000, WINDOW_BYTES),
+            (data.len() - 10, 10),
+            (data.len() - WINDOW_BYTES, WINDOW_BYTES),
+        ];
+        for (offset, len) in cases {
+            let (at, skip) = align_down(offset as u64);
+            let want = (skip + len).next_multiple_of(ALIGN);
+            let got = match read_direct(&fd, at, &mut buf.bytes_mut()[..want]) {
+                Ok(n) => n,
+                Err(Refused::Unsupported(e)) => {
+                    eprintln!("not checked: the temporary directory refuses O_DIRECT ({e})");
+                    return;
+                }
+                Err(e) => panic!("{e:?}"),
+            };
+            assert!(got >= skip + len, "{offset}+{len}: read {got}");
+            assert_eq!(
+                &buf.bytes()[skip..skip + len],
+                &data[offset..offset + len],
+                "{offset}+{len}"
+            );
+        }
+        // Past the end of the file: fewer bytes than the window needs.
+        let (at, skip) = align_down(data.len() as u64 - 100);
+        let want = (skip + 200).next_multiple_of(ALIGN);
+        let got = read_direct(&fd, at, &mut buf.bytes_mut()[..want]).unwrap();
+        assert!(got < skip + 200, "{got}");
+    }
+
+    // Proves: a shard lends at most BUFFERS_PER_SHARD buffers, reuses those given back, and
+    // a DirectRead gives its buffer back when dropped.
+    #[test]
+    fn a_shard_lends_a_bounded_number_of_buffers() {
+        let mut lent: Vec<_> = std::iter::from_fn(take)
+            .take(BUFFERS_PER_SHARD + 1)
+            .collect();
+        assert_eq!(lent.len(), BUFFERS_PER_SHARD);
+        let first = lent.pop().unwrap();
+        let addr = first.0;
+        let read = DirectRead {
+            buf: Some(first),
+            start: 0,
+            len: 10,
+            _shard_local: PhantomData,
+        };
+        assert!(take().is_none());
+        drop(read);
+        let again = take().expect("given back on drop");
+        assert_eq!(again.0, addr, "reused");
+        give_back(again);
+        lent.into_iter().for_each(give_back);
+        POOL.with(|p| assert_eq!(p.borrow().lent, 0));
+    }
+}
