@@ -249,7 +249,8 @@ def _healthz_brokers(node: kube_node.KubeNode, pod: str, timeout: float = 60) ->
         if len(brokers) == 3:
             return brokers
         time.sleep(1)
-    raise AssertionError(f"/healthz of {pod} lists {brokers}")
+    # The brokers' own logs say why one is missing (its heartbeats, the controller's rounds).
+    raise AssertionError(f"/healthz of {pod} lists {brokers}\n{describe(node)}")
 
 
 def test_single_broker_installs_serves_helm_test_and_keeps_data_across_a_restart(node, release, tmp_path):

@@ -95,51 +95,67 @@ thread_local! {
     static POOL: RefCell<Pool> = RefCell::new(Pool::default());
 }
 
-/// A free buffer of this thread's pool, `None` when all [`BUFFERS_PER_SHARD`] are lent.
-fn take() -> Option<Buffer> {
-    POOL.with(|pool| {
-        let mut pool = pool.borrow_mut();
-        if pool.lent == BUFFERS_PER_SHARD {
-            return None;
-        }
-        pool.lent += 1;
-        Some(pool.free.pop().unwrap_or_else(Buffer::new))
-    })
+/// The right to one of this shard's [`BUFFERS_PER_SHARD`] buffers, given back when dropped —
+/// also when a read is abandoned while its buffer is on a blocking thread (the connection
+/// closed): the buffer is then freed there, and a later read allocates another. Counting the
+/// buffer itself instead lost a slot for good with each abandoned read.
+struct Slot {
+    _shard_local: PhantomData<std::rc::Rc<()>>,
 }
 
-fn give_back(buf: Buffer) {
-    let _ = POOL.try_with(|pool| {
-        let mut pool = pool.borrow_mut();
-        debug_assert!(
-            pool.lent > 0,
-            "a buffer given back to a pool that did not lend it"
-        );
-        pool.lent -= 1;
-        pool.free.push(buf);
-    });
+impl Slot {
+    /// A slot and a buffer for it, `None` when all are lent.
+    fn take() -> Option<(Slot, Buffer)> {
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.lent == BUFFERS_PER_SHARD {
+                return None;
+            }
+            pool.lent += 1;
+            let buf = pool.free.pop().unwrap_or_else(Buffer::new);
+            let slot = Slot {
+                _shard_local: PhantomData,
+            };
+            Some((slot, buf))
+        })
+    }
+
+    /// Gives the slot back with its buffer, for the next read to reuse.
+    fn give_back(self, buf: Buffer) {
+        let _ = POOL.try_with(|pool| pool.borrow_mut().free.push(buf));
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let _ = POOL.try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            debug_assert!(pool.lent > 0, "a slot given back that was not lent");
+            pool.lent -= 1;
+        });
+    }
 }
 
 /// Bytes read past the page cache: derefs to the window's bytes. Gives its buffer back to the
 /// shard when dropped, which must be on the shard that read it (it is not `Send`).
 pub struct DirectRead {
-    buf: Option<Buffer>,
+    slot: Option<(Slot, Buffer)>,
     start: usize,
     len: usize,
-    _shard_local: PhantomData<std::rc::Rc<()>>,
 }
 
 impl std::ops::Deref for DirectRead {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        let buf = self.buf.as_ref().expect("held until dropped");
+        let (_, buf) = self.slot.as_ref().expect("held until dropped");
         &buf.bytes()[self.start..self.start + self.len]
     }
 }
 
 impl Drop for DirectRead {
     fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            give_back(buf);
+        if let Some((slot, buf)) = self.slot.take() {
+            slot.give_back(buf);
         }
     }
 }
@@ -165,7 +181,7 @@ pub async fn read(window: &Bytes) -> Option<std::io::Result<DirectRead>> {
         )
     })?;
     let fd = fd?;
-    let mut buf = take()?;
+    let (slot, mut buf) = Slot::take()?;
     let (at, skip) = align_down(offset);
     let want = (skip + window.len()).next_multiple_of(ALIGN);
     let (buf, got) = crate::resident::off_shard(move || {
@@ -173,33 +189,26 @@ pub async fn read(window: &Bytes) -> Option<std::io::Result<DirectRead>> {
         (buf, got)
     })
     .await;
-    match got {
-        Ok(n) if n >= skip + window.len() => Some(Ok(DirectRead {
-            buf: Some(buf),
-            start: skip,
-            len: window.len(),
-            _shard_local: PhantomData,
-        })),
-        Ok(_) => {
-            give_back(buf);
-            Some(Err(std::io::ErrorKind::UnexpectedEof.into()))
+    let failed = match got {
+        Ok(n) if n >= skip + window.len() => {
+            return Some(Ok(DirectRead {
+                slot: Some((slot, buf)),
+                start: skip,
+                len: window.len(),
+            }))
         }
+        Ok(_) => Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
         Err(Refused::Unsupported(e)) => {
-            give_back(buf);
             if !UNSUPPORTED.swap(true, Ordering::Relaxed) {
                 tracing::info!(error = %e, "the data directory's file system refuses O_DIRECT reads; history that is not in the page cache is read through it instead");
             }
             None
         }
-        Err(Refused::NoDescriptor) => {
-            give_back(buf);
-            None
-        }
-        Err(Refused::Io(e)) => {
-            give_back(buf);
-            Some(Err(e))
-        }
-    }
+        Err(Refused::NoDescriptor) => None,
+        Err(Refused::Io(e)) => Some(Err(e)),
+    };
+    slot.give_back(buf);
+    failed
 }
 
 /// `offset` rounded down to [`ALIGN`], and how far below `offset` that is.
@@ -300,28 +309,34 @@ mod tests {
         assert!(got < skip + 200, "{got}");
     }
 
-    // Proves: a shard lends at most BUFFERS_PER_SHARD buffers, reuses those given back, and
-    // a DirectRead gives its buffer back when dropped.
+    // Proves: a shard lends at most BUFFERS_PER_SHARD buffers and reuses those given back; a
+    // DirectRead gives its buffer back when dropped; a read abandoned with its buffer away
+    // (dropped on another thread) still gives its slot back.
     #[test]
     fn a_shard_lends_a_bounded_number_of_buffers() {
-        let mut lent: Vec<_> = std::iter::from_fn(take)
+        let mut lent: Vec<_> = std::iter::from_fn(Slot::take)
             .take(BUFFERS_PER_SHARD + 1)
             .collect();
         assert_eq!(lent.len(), BUFFERS_PER_SHARD);
         let first = lent.pop().unwrap();
-        let addr = first.0;
+        let addr = first.1 .0;
         let read = DirectRead {
-            buf: Some(first),
+            slot: Some(first),
             start: 0,
             len: 10,
-            _shard_local: PhantomData,
         };
-        assert!(take().is_none());
+        assert!(Slot::take().is_none());
         drop(read);
-        let again = take().expect("given back on drop");
-        assert_eq!(again.0, addr, "reused");
-        give_back(again);
-        lent.into_iter().for_each(give_back);
+        let (slot, buf) = Slot::take().expect("given back on drop");
+        assert_eq!(buf.0, addr, "reused");
+        // Abandoned: the buffer is dropped elsewhere, the slot here.
+        std::thread::spawn(move || drop(buf)).join().unwrap();
+        drop(slot);
+        assert!(Slot::take().is_some_and(|(s, b)| {
+            s.give_back(b);
+            true
+        }));
+        lent.into_iter().for_each(|(s, b)| s.give_back(b));
         POOL.with(|p| assert_eq!(p.borrow().lent, 0));
     }
 }
