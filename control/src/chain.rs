@@ -41,7 +41,6 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How many versions stay on disk: enough for an operator to see the last few writes.
 pub const KEEP: u64 = 8;
@@ -144,14 +143,14 @@ impl Chain {
     /// (`None`: nothing was read, the first version). Returns the new version.
     /// Durable when it returns: the file and the directory entry are fsynced.
     pub fn append(&self, base: Option<u64>, bytes: &[u8]) -> Result<u64, AppendError> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
         kaas_durable::create_dir_all(&self.dir)?;
         let seq = base.map_or(1, |b| b + 1);
+        // Unique across brokers, which share the volume and are each process 1 of their
+        // container: a deposed controller may still be writing its own.
         let tmp = self.dir.join(format!(
-            ".{}.{}.{}.tmp",
+            ".{}.{}.tmp",
             self.stem,
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
+            kaas_durable::unique_suffix()
         ));
         let linked = (|| {
             let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
@@ -186,12 +185,10 @@ impl Chain {
 
     /// Replaces the mirror with `bytes` (rename, no fsync: it is only a copy).
     pub fn mirror(&self, bytes: &[u8]) -> io::Result<()> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
         let tmp = self.dir.join(format!(
-            ".{}.json.{}.{}.tmp",
+            ".{}.json.{}.tmp",
             self.stem,
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
+            kaas_durable::unique_suffix()
         ));
         let result = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, self.mirror_path()));
         if result.is_err() {

@@ -16,6 +16,27 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+/// A part of a temporary file's name that no other writer of the same directory uses at the
+/// same time: a number drawn at random once per process, and a count of the calls.
+///
+/// The process id is not that. Every broker in a container is process 1 of its own PID
+/// namespace, and in cluster mode the brokers share one volume: three brokers starting
+/// together all wrote `.heartbeat.key.1.tmp`; one removed another's file halfway, and a broker
+/// ended up signing its heartbeats with a key no other broker had, locked out of the cluster
+/// (the chart's cluster test saw the controller alone in the assignment). The same held for
+/// every file two brokers may replace at once (a partition's leader claim and manifest during
+/// a handover, the catalog, the assignment chain when a deposed controller still writes).
+pub fn unique_suffix() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    // `RandomState` keys its hasher from the operating system's randomness.
+    let process = *PROCESS.get_or_init(|| RandomState::new().hash_one(std::process::id()));
+    format!("{process:016x}.{}", CALLS.fetch_add(1, Ordering::Relaxed))
+}
+
 /// `fsync` of directory `dir`: makes the names in it (created, renamed, linked) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -142,6 +163,21 @@ mod tests {
             }
             assert!(deep.is_dir());
         }
+    }
+
+    // Proves: temporary-name suffixes differ between calls, also from many threads at once
+    // (all of one process, as brokers in containers all are process 1).
+    #[test]
+    fn unique_suffixes_differ() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..1000).map(|_| unique_suffix()).collect::<Vec<_>>()))
+            .collect();
+        let all: Vec<String> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
     }
 
     // A file where a directory should be is an error, not a silent success.

@@ -431,11 +431,14 @@ pub mod file {
     /// [`save`] of an index already encoded (so the file IO can run off the shard's thread).
     pub fn save_encoded(segment: &Path, bytes: &[u8]) {
         let path = path_for(segment);
-        let tmp = path.with_extension("index.tmp");
+        // Unique per write: two brokers may seal the same segment at once (a deposed leader
+        // and its successor), and one temporary file written by both is a mix of two indexes.
+        let tmp = path.with_extension(format!("index.tmp.{}", kaas_durable::unique_suffix()));
         if std::fs::write(&tmp, bytes)
             .and_then(|_| std::fs::rename(&tmp, &path))
             .is_err()
         {
+            let _ = std::fs::remove_file(&tmp);
             tracing::warn!(path = %path.display(), "could not write segment index; it will be rebuilt by scanning on next open");
         }
     }

@@ -67,10 +67,11 @@ impl Manifest {
     }
 }
 
-/// A temporary name beside `target`, unique per process: in cluster mode two brokers (a
-/// deposed leader and its successor) may be replacing the same file at once.
+/// A temporary name beside `target`, unique per write: in cluster mode two brokers (a deposed
+/// leader and its successor) may be replacing the same file at once, and the process id does
+/// not tell them apart (each is process 1 of its container; `kaas_durable::unique_suffix`).
 fn tmp_path(target: &Path) -> PathBuf {
-    target.with_extension(format!("tmp.{}", std::process::id()))
+    target.with_extension(format!("tmp.{}", kaas_durable::unique_suffix()))
 }
 
 /// tmp + rename, no fsync: other processes see the file wholly old or wholly new at once; after
@@ -94,5 +95,55 @@ pub fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), StorageError>
                 .map_err(|f| StorageError::io(f.op, &f.path, f.error))
         }
         r => r.map_err(|f| StorageError::io(f.op, &f.path, f.error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Proves: brokers replacing one file at once (a deposed leader and its successor, each
+    // process 1 of its container — threads of one process here) all succeed and leave one
+    // writer's whole contents, never a mix. With the temporary name taken from the process
+    // id they wrote into one temporary file and renamed it from under each other.
+    #[test]
+    fn concurrent_replacements_leave_one_whole_file() {
+        const WRITERS: usize = 4;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("leader.json");
+        let contents: Vec<Vec<u8>> = (0..WRITERS)
+            .map(|w| vec![b'a' + w as u8; 64 << 10])
+            .collect();
+        for round in 0..50 {
+            let start = std::sync::Arc::new(std::sync::Barrier::new(WRITERS));
+            let threads: Vec<_> = contents
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(w, bytes)| {
+                    let (target, start) = (target.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        if w % 2 == 0 {
+                            write_atomically(&target, &bytes)
+                        } else {
+                            replace_visible(&target, &bytes)
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            }
+            let got = std::fs::read(&target).unwrap();
+            assert!(
+                contents.contains(&got),
+                "round {round}: the file mixes writers"
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "temporary files left behind");
     }
 }

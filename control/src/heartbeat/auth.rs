@@ -127,26 +127,25 @@ impl ClusterKey {
         ring::rand::SystemRandom::new()
             .fill(&mut fresh)
             .map_err(|_| io::Error::other("no randomness for a cluster key"))?;
-        // Written whole under a private name, then linked: another broker starting at the same
-        // moment either links first (and we read its key) or reads ours, never half a file.
-        let tmp = dir.join(format!(".{KEY_FILE}.{}.tmp", std::process::id()));
-        let linked = (|| {
-            let mut f = private_file(&tmp)?;
-            f.write_all(&fresh)?;
-            f.sync_all()?;
-            std::fs::hard_link(&tmp, &path)
-        })();
+        // Written whole under a name of its own, then linked: another broker starting at the
+        // same moment either links first (and we read its key) or reads ours, never half a
+        // file. The name must be this writer's alone (`kaas_durable::unique_suffix`): with the
+        // process id, three brokers in containers (each process 1) shared one temporary file,
+        // removed it under each other and linked another's, and one kept a key it never wrote.
+        let tmp = dir.join(format!(".{KEY_FILE}.{}.tmp", kaas_durable::unique_suffix()));
+        let mut f = private_file(&tmp)?;
+        let linked = f
+            .write_all(&fresh)
+            .and_then(|()| f.sync_all())
+            .and_then(|()| std::fs::hard_link(&tmp, &path));
         let _ = std::fs::remove_file(&tmp);
         match linked {
-            Ok(()) => {
-                kaas_durable::sync_dir(&dir)?;
-                Ok(Self::from_bytes(&fresh))
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                Ok(Self::from_bytes(&std::fs::read(&path)?))
-            }
-            Err(e) => Err(e),
+            Ok(()) => kaas_durable::sync_dir(&dir)?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
         }
+        // The file is the key, whoever linked it.
+        Ok(Self::from_bytes(&std::fs::read(&path)?))
     }
 
     fn broker_key(&self, broker_id: i32) -> hmac::Key {
@@ -303,5 +302,44 @@ mod tests {
         let short = dir.path().join("short");
         std::fs::write(&short, b"tiny\n").unwrap();
         assert!(ClusterKey::load(dir.path(), Some(&short)).is_err());
+    }
+
+    /// Brokers starting at the same moment on one volume all start, with the same key — as
+    /// threads of one process here, which share a process id as brokers in containers do
+    /// (each is process 1). With the temporary file named by the process id, brokers removed
+    /// each other's halfway: some failed to start, and one kept a key no other broker had.
+    #[test]
+    fn brokers_starting_together_agree_on_the_key() {
+        const BROKERS: usize = 6;
+        for round in 0..100 {
+            let dir = tempfile::tempdir().unwrap();
+            let start = std::sync::Arc::new(std::sync::Barrier::new(BROKERS));
+            let keys: Vec<ClusterKey> = (0..BROKERS)
+                .map(|_| {
+                    let (shared, start) = (dir.path().to_path_buf(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        ClusterKey::load(&shared, None)
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("round {round}: {e}"))
+                })
+                .collect();
+            let on_disk = ClusterKey::load(dir.path(), None).unwrap();
+            for (b, key) in keys.iter().enumerate() {
+                let mut s = status(b as i32);
+                key.sign_status(&mut s);
+                assert_eq!(
+                    on_disk.verify_status(&s),
+                    Ok(()),
+                    "round {round}: broker {b} holds another key than the file"
+                );
+            }
+        }
     }
 }
