@@ -143,17 +143,25 @@ def test_a_slow_consumer_reads_exactly_what_was_acknowledged(broker):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.settimeout(30)
     s.connect((broker.host, broker.port))
+    responses = read_back(s, topic, end, recv_slowly)
+    s.close()
+    # Each response carried several MiB: the slow reads really did wait on a full socket.
+    assert responses < BATCHES_PER_PARTITION, responses
+
+
+def read_back(s: socket.socket, topic: str, end: int, recv=recv_exact) -> int:
+    """Fetches every partition from offset 0 to `end` on `s`, checking each batch's CRC and
+    every record against what `produce_all` sent, in offset order; returns the responses."""
     offsets = {p: 0 for p in range(PARTITIONS)}
-    corr, responses = 0, 0
+    corr = 0
     deadline = time.monotonic() + 120
     while any(o < end for o in offsets.values()):
         assert time.monotonic() < deadline, f"not read back in time: {offsets}"
         corr += 1
         s.sendall(fetch_request(corr, topic, {p: o for p, o in offsets.items() if o < end}))
         (size,) = struct.unpack(">i", recv_exact(s, 4))
-        frame = recv_slowly(s, size)
+        frame = recv(s, size)
         assert struct.unpack_from(">i", frame)[0] == corr
-        responses += 1
         for p, (err, records) in parse_fetch_v4(frame).items():
             assert err == 0, (p, err)
             for base, vals in batches(records):
@@ -161,10 +169,8 @@ def test_a_slow_consumer_reads_exactly_what_was_acknowledged(broker):
                 b = base // RECORDS_PER_BATCH
                 assert vals == [value(p, b, r) for r in range(RECORDS_PER_BATCH)], (p, base)
                 offsets[p] = base + len(vals)
-    s.close()
     assert offsets == {p: end for p in range(PARTITIONS)}
-    # Each response carried several MiB: the slow reads really did wait on a full socket.
-    assert responses < BATCHES_PER_PARTITION, responses
+    return corr
 
 
 def test_a_segment_cut_under_a_reader_closes_the_connection(broker_factory):
@@ -243,25 +249,8 @@ def test_history_read_back_stays_out_of_the_page_cache(broker_factory):
     assert before < total // 10, f"{before} of {total} bytes still cached after eviction"
 
     s = connect(b, timeout=30)
-    offsets = {p: 0 for p in range(PARTITIONS)}
-    corr = 0
-    deadline = time.monotonic() + 120
-    while any(o < end for o in offsets.values()):
-        assert time.monotonic() < deadline, f"not read back in time: {offsets}"
-        corr += 1
-        s.sendall(fetch_request(corr, topic, {p: o for p, o in offsets.items() if o < end}))
-        (size,) = struct.unpack(">i", recv_exact(s, 4))
-        frame = recv_exact(s, size)
-        assert struct.unpack_from(">i", frame)[0] == corr
-        for p, (err, records) in parse_fetch_v4(frame).items():
-            assert err == 0, (p, err)
-            for base, vals in batches(records):
-                assert base == offsets[p], f"partition {p}: batch at {base}, expected {offsets[p]}"
-                bi = base // RECORDS_PER_BATCH
-                assert vals == [value(p, bi, r) for r in range(RECORDS_PER_BATCH)], (p, base)
-                offsets[p] = base + len(vals)
+    read_back(s, topic, end)
     s.close()
-    assert offsets == {p: end for p in range(PARTITIONS)}
     after = resident_bytes(files)
     print(f"{total} bytes of history read back; in the page cache before {before}, after {after}")
     # What a read still brings into the page cache is the batch headers it looks up: with
