@@ -137,7 +137,8 @@ const WINDOWS_AHEAD: usize = 4;
 /// send with `sendfile`, or a window read past the page cache (`kaas_storage::direct`).
 enum Piece {
     Copy(Bytes),
-    File(Bytes),
+    /// With whether its pages were all in the page cache when the window was prepared.
+    File(Bytes, bool),
     Read(kaas_storage::direct::DirectRead),
 }
 
@@ -164,7 +165,8 @@ async fn write_frame(
         };
         (0..windows).map(move |k| {
             if file {
-                Piece::File(chunk.slice(k * WINDOW..chunk.len().min((k + 1) * WINDOW)))
+                let window = chunk.slice(k * WINDOW..chunk.len().min((k + 1) * WINDOW));
+                Piece::File(window, false)
             } else {
                 Piece::Copy(chunk.clone())
             }
@@ -172,23 +174,23 @@ async fn write_frame(
     });
     let mut ready = stream::iter(pieces)
         .map(|piece| async move {
-            let Piece::File(window) = piece else {
+            let Piece::File(window, _) = piece else {
                 return Ok(piece);
             };
             if kaas_storage::resident::in_page_cache(&window) {
-                return Ok(Piece::File(window));
+                return Ok(Piece::File(window, true));
             }
             match kaas_storage::direct::read(&window).await {
                 Some(Ok(read)) => Ok(Piece::Read(read)),
                 Some(Err(e)) => Err(segment_unreadable(e)),
-                None => Ok(Piece::File(window)),
+                None => Ok(Piece::File(window, false)),
             }
         })
         .buffered(WINDOWS_AHEAD);
     while let Some(piece) = ready.try_next().await? {
         match piece {
             Piece::Copy(bytes) => writer.write_all(&bytes).await?,
-            Piece::File(window) => send_file(writer, socket, &window).await?,
+            Piece::File(window, cached) => send_file(writer, socket, &window, cached).await?,
             Piece::Read(read) => writer.write_all(&read).await?,
         }
     }
@@ -230,16 +232,15 @@ fn set_nonblocking(socket: RawFd) -> bool {
     }
 }
 
-/// Bytes per `sendfile` call: the range whose pages are checked for residency first. A call
-/// sends at most what the socket takes anyway (a few MiB on loopback).
-const SENDFILE_WINDOW_BYTES: usize = 1 << 20;
-
-/// Sends `chunk` with `sendfile` from the segment file it is a mapped slice of, and copies
-/// what cannot go that way: a chunk that is not such a slice, or the rest of one whose segment
-/// let go of its file meanwhile (`kaas_storage::resident::with_file_backing`).
+/// Sends `window` (at most `kaas_storage::direct::WINDOW_BYTES`, [`write_frame`]) with
+/// `sendfile` from the segment file it is a mapped slice of, and copies what cannot go that
+/// way: a window that is not such a slice, or the rest of one whose segment let go of its file
+/// meanwhile (`kaas_storage::resident::with_file_backing`). `cached` says whether its pages
+/// were all in the page cache a moment ago (the caller looked); what a partial send leaves is
+/// looked at again.
 ///
-/// A window whose pages are all in the page cache is sent from the shard's thread. One that
-/// needs the disk is sent from the shard's blocking threads, a bounded number at once
+/// What is in the page cache is sent from the shard's thread. What needs the disk is sent
+/// from the shard's blocking threads, a bounded number at once
 /// (`kaas_storage::resident::off_shard`): `sendfile` reads uncached pages synchronously, and
 /// on the shard's thread that read would stall every connection and partition of the shard —
 /// a consumer catching up on history would hold up produce acknowledgements — for the disk's
@@ -248,11 +249,15 @@ async fn send_file(
     writer: &mut (impl AsyncWriteExt + Unpin),
     socket: RawFd,
     chunk: &Bytes,
+    cached: bool,
 ) -> std::io::Result<()> {
     let mut done = 0;
+    let mut looked = Some(cached);
     while done < chunk.len() {
-        let window = chunk.slice(done..chunk.len().min(done + SENDFILE_WINDOW_BYTES));
-        let cold = !kaas_storage::resident::in_page_cache(&window);
+        let window = chunk.slice(done..);
+        let cold = !looked
+            .take()
+            .unwrap_or_else(|| kaas_storage::resident::in_page_cache(&window));
         // The blocking thread gets its own duplicate of the socket: the call runs even if this
         // task is dropped meanwhile (shutdown), and the connection's descriptor number could by
         // then name another connection's socket. With no descriptor to spare (EMFILE), the

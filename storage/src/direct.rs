@@ -12,7 +12,7 @@
 //!
 //! A window of a record set (at most [`WINDOW_BYTES`]) that is not wholly in the page cache
 //! is therefore read here: from a second descriptor of the segment's file opened with
-//! `O_DIRECT` (through `/proc/self/fd`, so it is the same file whatever happened to its name),
+//! `O_DIRECT` (`resident::reopen`, so it is the same file whatever happened to its name),
 //! on the shard's blocking threads ([`crate::resident::off_shard`], which bounds how many run
 //! at once), into one of [`BUFFERS_PER_SHARD`] buffers that live as long as the shard and are
 //! reused, so a read neither allocates nor faults in fresh memory. The kernel writes back any
@@ -28,8 +28,7 @@
 use std::alloc::Layout;
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -168,24 +167,23 @@ pub async fn read(window: &Bytes) -> Option<std::io::Result<DirectRead>> {
     if UNSUPPORTED.load(Ordering::Relaxed) || window.is_empty() || window.len() > WINDOW_BYTES {
         return None;
     }
-    // The descriptor is duplicated while the segment guarantees it open: the read then runs
+    // Opened while the segment guarantees its descriptor open, and owned: the read then runs
     // even if the segment lets go of its file meanwhile (retention deleting it).
-    let (fd, offset) = crate::resident::with_file_backing(window, |fd, offset| {
-        // SAFETY: fcntl on a descriptor open for the closure's duration; the duplicate is
-        // close-on-exec.
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        // SAFETY: a new descriptor that nothing else owns.
-        (
-            (dup >= 0).then(|| unsafe { OwnedFd::from_raw_fd(dup) }),
-            offset,
-        )
+    let (file, offset) = crate::resident::with_file_backing(window, |fd, offset| {
+        (crate::resident::reopen(fd, libc::O_DIRECT), offset)
     })?;
-    let fd = fd?;
+    let file = match file {
+        Ok(file) => file,
+        // No descriptor to spare: this window goes the old way.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => return None,
+        // No O_DIRECT on this file system (or no /proc to reopen the file through).
+        Err(e) => return unsupported(e),
+    };
     let (slot, mut buf) = Slot::take()?;
     let (at, skip) = align_down(offset);
     let want = (skip + window.len()).next_multiple_of(ALIGN);
     let (buf, got) = crate::resident::off_shard(move || {
-        let got = read_direct(&fd, at, &mut buf.bytes_mut()[..want]);
+        let got = read_direct(&file, at, &mut buf.bytes_mut()[..want]);
         (buf, got)
     })
     .await;
@@ -198,17 +196,19 @@ pub async fn read(window: &Bytes) -> Option<std::io::Result<DirectRead>> {
             }))
         }
         Ok(_) => Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
-        Err(Refused::Unsupported(e)) => {
-            if !UNSUPPORTED.swap(true, Ordering::Relaxed) {
-                tracing::info!(error = %e, "the data directory's file system refuses O_DIRECT reads; history that is not in the page cache is read through it instead");
-            }
-            None
-        }
-        Err(Refused::NoDescriptor) => None,
-        Err(Refused::Io(e)) => Some(Err(e)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => unsupported(e),
+        Err(e) => Some(Err(e)),
     };
     slot.give_back(buf);
     failed
+}
+
+/// Remembers (and says, once) that the data directory's file system refuses `O_DIRECT`.
+fn unsupported<T>(e: std::io::Error) -> Option<T> {
+    if !UNSUPPORTED.swap(true, Ordering::Relaxed) {
+        tracing::info!(error = %e, "the data directory's file system refuses O_DIRECT reads; history that is not in the page cache is read through it instead");
+    }
+    None
 }
 
 /// `offset` rounded down to [`ALIGN`], and how far below `offset` that is.
@@ -217,30 +217,10 @@ fn align_down(offset: u64) -> (u64, usize) {
     (offset - skip as u64, skip)
 }
 
-/// Why a direct read gave no bytes.
-#[derive(Debug)]
-enum Refused {
-    /// The file system refuses `O_DIRECT` (or there is no `/proc` to reopen the file through).
-    Unsupported(std::io::Error),
-    /// No descriptor to spare for the second open (EMFILE): this window goes the old way.
-    NoDescriptor,
-    /// The read itself failed.
-    Io(std::io::Error),
-}
-
-/// Reads `buf.len()` bytes (a multiple of [`ALIGN`], as `at` is) at `at` of the file open as
-/// `fd`, through a second, `O_DIRECT` descriptor; the bytes read, fewer only at the end of the
-/// file. For a blocking thread.
-fn read_direct(fd: &OwnedFd, at: u64, buf: &mut [u8]) -> Result<usize, Refused> {
+/// Reads `buf.len()` bytes (a multiple of [`ALIGN`], as `at` is) at `at` of `file`, open with
+/// `O_DIRECT`; the bytes read, fewer only at the end of the file. For a blocking thread.
+fn read_direct(file: &std::fs::File, at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     debug_assert!(at.is_multiple_of(ALIGN as u64) && buf.len().is_multiple_of(ALIGN));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::EMFILE | libc::ENFILE) => Refused::NoDescriptor,
-            _ => Refused::Unsupported(e),
-        })?;
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], at + done as u64) {
@@ -249,10 +229,7 @@ fn read_direct(fd: &OwnedFd, at: u64, buf: &mut [u8]) -> Result<usize, Refused> 
             Ok(n) if !n.is_multiple_of(ALIGN) => return Ok(done + n),
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                return Err(Refused::Unsupported(e))
-            }
-            Err(e) => return Err(Refused::Io(e)),
+            Err(e) => return Err(e),
         }
     }
     Ok(done)
@@ -261,6 +238,7 @@ fn read_direct(fd: &OwnedFd, at: u64, buf: &mut [u8]) -> Result<usize, Refused> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     // Proves: a direct read returns exactly the file's bytes for windows at any offset and
     // length (not block-aligned, ending at the file's end), and reports a file shorter than
@@ -273,8 +251,14 @@ mod tests {
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
         std::fs::write(&path, &data).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let fd: OwnedFd = file.into();
+        let plain = std::fs::File::open(&path).unwrap();
+        let file = match crate::resident::reopen(plain.as_raw_fd(), libc::O_DIRECT) {
+            Ok(file) => file,
+            Err(e) => {
+                eprintln!("not checked: the temporary directory refuses O_DIRECT ({e})");
+                return;
+            }
+        };
         let mut buf = Buffer::new();
         let cases = [
             (0, WINDOW_BYTES),
@@ -287,9 +271,9 @@ mod tests {
         for (offset, len) in cases {
             let (at, skip) = align_down(offset as u64);
             let want = (skip + len).next_multiple_of(ALIGN);
-            let got = match read_direct(&fd, at, &mut buf.bytes_mut()[..want]) {
+            let got = match read_direct(&file, at, &mut buf.bytes_mut()[..want]) {
                 Ok(n) => n,
-                Err(Refused::Unsupported(e)) => {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     eprintln!("not checked: the temporary directory refuses O_DIRECT ({e})");
                     return;
                 }
@@ -305,7 +289,7 @@ mod tests {
         // Past the end of the file: fewer bytes than the window needs.
         let (at, skip) = align_down(data.len() as u64 - 100);
         let want = (skip + 200).next_multiple_of(ALIGN);
-        let got = read_direct(&fd, at, &mut buf.bytes_mut()[..want]).unwrap();
+        let got = read_direct(&file, at, &mut buf.bytes_mut()[..want]).unwrap();
         assert!(got < skip + 200, "{got}");
     }
 

@@ -250,10 +250,22 @@ pub fn read_into_cache(bytes: &Bytes) {
     });
 }
 
+/// A second descriptor of the file open as `fd`, read-only with `flags` added: a new open
+/// file description of the same file (through `/proc/self/fd`, so whatever happened to its
+/// name), whose own flags and readahead state do not touch the segment's descriptor. The
+/// caller keeps `fd` open for the call (`with_file_backing`).
+pub fn reopen(fd: RawFd, flags: i32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(format!("/proc/self/fd/{fd}"))
+}
+
 /// A second descriptor of the file open as `fd`, with readahead off; `None` if none can be
 /// opened (the caller reads through `fd`, with readahead).
 fn without_readahead(fd: RawFd) -> Option<std::fs::File> {
-    let file = std::fs::File::open(format!("/proc/self/fd/{fd}")).ok()?;
+    let file = reopen(fd, 0).ok()?;
     // SAFETY: advice on a descriptor owned here, integer arguments.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
     Some(file)
