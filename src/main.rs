@@ -108,6 +108,12 @@ struct Args {
     /// data directory its own volume, or choose `file`.
     #[arg(long, env = "KAAS_SYNC_SCOPE", default_value = "filesystem")]
     sync_scope: kaas_storage::SyncScope,
+    /// How a fetch reads history that is not in the page cache: `auto` reads it past the page
+    /// cache (O_DIRECT) while the broker's memory cgroup is within a quarter of its limit, and
+    /// through it otherwise, so that it stays cached for the next reader; `page-cache` always
+    /// through it, as Kafka does; `direct` always past it.
+    #[arg(long, env = "KAAS_COLD_READS", default_value = "auto")]
+    cold_reads: kaas_storage::memory_limit::ColdReads,
     /// This broker's id (node id in Metadata). Defaults to 0; in cluster mode inside a pod, to
     /// the StatefulSet ordinal taken from the hostname (kaas-2 → 2).
     #[arg(long, env = "KAAS_BROKER_ID", value_parser = clap::value_parser!(i32).range(0..))]
@@ -382,6 +388,7 @@ fn main() {
     }
     let matches = with_group_flags(Args::command()).get_matches();
     let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    kaas_storage::memory_limit::set_cold_reads(args.cold_reads);
     let group = group_config(&matches);
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -143,11 +143,12 @@ enum Piece {
 }
 
 /// Writes `frame`: chunks that are slices of a segment mapping (record sets) in windows of
-/// `kaas_storage::direct::WINDOW_BYTES`. A window whose pages are not all in the page cache is
-/// read past it while the windows before it are written ([`WINDOWS_AHEAD`]), so history a
-/// consumer catches up on neither waits for the disk one window at a time nor fills the page
-/// cache — in a pod, the broker's memory limit — with pages read once. A window that cannot
-/// be read that way is sent with `sendfile` as any other ([`send_file`]).
+/// `kaas_storage::direct::WINDOW_BYTES`. Under a memory limit the broker is close to
+/// (`kaas_storage::memory_limit`), a window whose pages are not all in the page cache is read
+/// past it while the windows before it are written ([`WINDOWS_AHEAD`]), so history a consumer
+/// catches up on neither waits for the disk one window at a time nor makes every read evict a
+/// page first. Otherwise, and when a window cannot be read that way, it is sent with
+/// `sendfile` as any other ([`send_file`]), and stays in the page cache for the next reader.
 async fn write_frame(
     writer: &mut (impl AsyncWriteExt + Unpin),
     socket: RawFd,

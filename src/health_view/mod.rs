@@ -142,6 +142,8 @@ impl HealthView {
                 "produce_refused_total": self.admission.disk.refused.load(Ordering::Relaxed),
                 "ballast_armed": kaas_storage::ballast::armed(),
                 "sync_failed": sync_failed,
+                "cold_reads": kaas_storage::memory_limit::cold_reads().name(),
+                "cold_reads_past_page_cache": kaas_storage::memory_limit::read_past_page_cache(),
             },
         });
         let mut serving = true;

@@ -19,8 +19,14 @@
 //! dirty page of the range before a direct read, so the bytes are those the mapping shows.
 //! The connection reads the next windows while it writes this one (`shard::conn`).
 //!
-//! [`read`] answers `None` — the caller sends the window with `sendfile` as before — when no
-//! buffer is free (they bound the memory: a connection whose client stopped reading holds
+//! Only while the page cache has no room to keep what is read: under a memory limit the
+//! broker is close to (`crate::memory_limit`, `--cold-reads auto`). Elsewhere history read once
+//! stays in the page cache for the next reader, as with Kafka: reading past it there made a
+//! second read of the same history go to the disk again, at less than half the rate
+//! (bench/README.md, "Cold reads go past the page cache only under a tight limit").
+//!
+//! [`read`] answers `None` — the caller sends the window with `sendfile` as before — when the
+//! page cache has room, when no buffer is free (they bound the memory: a connection whose client stopped reading holds
 //! its buffers until it closes), when the window is not a slice of a live segment's mapping,
 //! or when the file system refuses `O_DIRECT` (tmpfs on old kernels, some FUSE file systems);
 //! the last is said once and remembered for the process.
@@ -164,7 +170,11 @@ impl Drop for DirectRead {
 /// (see the module docs; the caller sends it as before); an error when the file cannot give
 /// the bytes (it is shorter than the slice — something truncated it — or the disk failed).
 pub async fn read(window: &Bytes) -> Option<std::io::Result<DirectRead>> {
-    if UNSUPPORTED.load(Ordering::Relaxed) || window.is_empty() || window.len() > WINDOW_BYTES {
+    if UNSUPPORTED.load(Ordering::Relaxed)
+        || window.is_empty()
+        || window.len() > WINDOW_BYTES
+        || !crate::memory_limit::read_past_page_cache()
+    {
         return None;
     }
     // Opened while the segment guarantees its descriptor open, and owned: the read then runs

@@ -23,6 +23,7 @@ mod error;
 mod fs_sync;
 mod index;
 mod manifest;
+pub mod memory_limit;
 mod partition;
 mod producer;
 pub mod resident;

@@ -220,8 +220,9 @@ pub fn in_page_cache(bytes: &[u8]) -> bool {
 /// against the resident budget). For a blocking thread: it waits for the disk. Errors are
 /// left to the reader that follows, which meets them itself.
 ///
-/// Only these pages are read: the `pread` goes through a second descriptor of the file with
-/// the kernel's readahead off (`POSIX_FADV_RANDOM`). These are a few KiB of batch headers,
+/// While cold history is read past the page cache (`crate::memory_limit`), only these pages
+/// are read: the `pread` goes through a second descriptor of the file with the kernel's
+/// readahead off (`POSIX_FADV_RANDOM`). These are a few KiB of batch headers,
 /// and readahead (8 MiB per read on the benchmark machine's disk) filled the page cache with
 /// the record sets behind them, which are read past the page cache (`crate::direct`): every
 /// cold fetch read its data twice and charged a pod's memory limit for it. The segment's own
@@ -234,7 +235,11 @@ pub fn read_into_cache(bytes: &Bytes) {
         let mut buf = scratch.borrow_mut();
         buf.resize(bytes.len(), 0);
         with_file_backing(bytes, |fd, offset| {
-            let exact = without_readahead(fd);
+            // With room in the page cache, the readahead brings in the record sets behind
+            // the headers, which the `sendfile`s that follow then find cached.
+            let exact = crate::memory_limit::read_past_page_cache()
+                .then(|| without_readahead(fd))
+                .flatten();
             let fd = exact.as_ref().map_or(fd, |f| f.as_raw_fd());
             // SAFETY: `fd` is open while this closure runs (`with_file_backing`, or owned
             // here); `buf` has `bytes.len()` writable bytes.
