@@ -11,7 +11,8 @@
 //! disk, bench/README.md "Cold reads go past the page cache only under a tight limit").
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// How history that is not in the page cache is read (`--cold-reads`).
@@ -27,21 +28,9 @@ pub enum ColdReads {
     Direct,
 }
 
-impl std::str::FromStr for ColdReads {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(ColdReads::Auto),
-            "page-cache" => Ok(ColdReads::PageCache),
-            "direct" => Ok(ColdReads::Direct),
-            other => Err(format!(
-                "unknown cold-read mode {other:?}: expected \"auto\", \"page-cache\" or \"direct\""
-            )),
-        }
-    }
-}
-
 impl ColdReads {
+    const ALL: [ColdReads; 3] = [ColdReads::Auto, ColdReads::PageCache, ColdReads::Direct];
+
     /// The flag's spelling.
     pub fn name(self) -> &'static str {
         match self {
@@ -52,19 +41,29 @@ impl ColdReads {
     }
 }
 
-/// The process's [`ColdReads`], set once at start (`set_cold_reads`).
-static MODE: AtomicU8 = AtomicU8::new(0);
+impl std::str::FromStr for ColdReads {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown cold-read mode {s:?}: expected \"auto\", \"page-cache\" or \"direct\""
+                )
+            })
+    }
+}
+
+/// The process's [`ColdReads`], set once at start (`set_cold_reads`); `auto` until then.
+static MODE: OnceLock<ColdReads> = OnceLock::new();
 
 pub fn set_cold_reads(mode: ColdReads) {
-    MODE.store(mode as u8, Ordering::Relaxed);
+    let _ = MODE.set(mode);
 }
 
 pub fn cold_reads() -> ColdReads {
-    match MODE.load(Ordering::Relaxed) {
-        m if m == ColdReads::PageCache as u8 => ColdReads::PageCache,
-        m if m == ColdReads::Direct as u8 => ColdReads::Direct,
-        _ => ColdReads::Auto,
-    }
+    MODE.get().copied().unwrap_or_default()
 }
 
 /// Whether history that is not in the page cache should be read past it now.
@@ -84,9 +83,23 @@ const SAMPLE_MS: u64 = 100;
 static SAMPLE: AtomicU64 = AtomicU64::new(0);
 
 fn epoch() -> Instant {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)
 }
+
+/// The process's memory cgroup and whether it is v2, looked up once: a process stays in its
+/// cgroup, so each sample reads only the limit and usage files.
+fn own() -> Option<&'static (PathBuf, bool)> {
+    static OWN: OnceLock<Option<(PathBuf, bool)>> = OnceLock::new();
+    OWN.get_or_init(|| {
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        own_cgroup(Path::new(CGROUP_ROOT), &own)
+    })
+    .as_ref()
+}
+
+/// Where the cgroup file system is mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// Whether the broker's memory cgroup (or one above it) is within a quarter of its limit:
 /// the page cache cannot grow there without evicting. False without a limit, or when the
@@ -97,9 +110,8 @@ pub fn page_cache_is_tight() -> bool {
     if last != 0 && now.saturating_sub(last >> 1) < SAMPLE_MS {
         return last & 1 == 1;
     }
-    let tight = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|own| usage(Path::new("/sys/fs/cgroup"), &own))
+    let tight = own()
+        .and_then(|(dir, v2)| tightest(Path::new(CGROUP_ROOT), dir.clone(), *v2))
         .is_some_and(|u| u.tight());
     SAMPLE.store(now << 1 | tight as u64, Ordering::Relaxed);
     tight
@@ -124,7 +136,12 @@ impl Usage {
 /// cgroup file system mounted at `root` (cgroup v2 there, or v1's `memory` hierarchy at
 /// `root/memory`), `own` being `/proc/self/cgroup`. `None` without any limit.
 pub fn usage(root: &Path, own: &str) -> Option<Usage> {
-    let (mut dir, v2) = own_cgroup(root, own)?;
+    let (dir, v2) = own_cgroup(root, own)?;
+    tightest(root, dir, v2)
+}
+
+/// [`usage`] from the process's cgroup directory `dir`, under `root`.
+fn tightest(root: &Path, mut dir: PathBuf, v2: bool) -> Option<Usage> {
     let (limit_file, current_file) = if v2 {
         ("memory.max", "memory.current")
     } else {
