@@ -508,6 +508,77 @@ def test_group_configs_override_the_broker_per_group(broker):
     assert described()["consumer.session.timeout.ms"].value == "6000"
 
 
+def test_follower_answered_by_a_slow_leader_keeps_its_membership(broker):
+    """A follower whose SyncGroup waited on the leader for longer than its own session gets
+    its assignment and stays in the group: Kafka restarts a member's session when it answers
+    the member's parked SyncGroup. Clients that send no heartbeat while their SyncGroup is
+    parked (sarama, librdkafka) were expired at the broker's next tick, right after they got
+    their assignment, and the group rebalanced again: the heartbeat below got
+    UNKNOWN_MEMBER_ID. Raw JoinGroup v5 / SyncGroup v3 / Heartbeat v3 through kafka-python's
+    codec, one connection per request, as two members would send them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kafka.protocol.consumer import HeartbeatRequest, JoinGroupRequest, SyncGroupRequest
+
+    group = unique_topic("slow-leader")
+    session_ms = 6000
+    none, rebalancing, member_id_required = 0, 27, 79
+
+    def join(member_id=""):
+        return kwire.send(broker, JoinGroupRequest[5](
+            group_id=group, session_timeout_ms=session_ms, rebalance_timeout_ms=30_000,
+            member_id=member_id, group_instance_id=None, protocol_type="consumer",
+            protocols=[JoinGroupRequest[5].JoinGroupRequestProtocol(
+                name="range", metadata=b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00")]))
+
+    def joined(member_id=""):
+        r = join(member_id)
+        if r.error_code == member_id_required:
+            r = join(r.member_id)
+        assert r.error_code == none, r
+        return r
+
+    def sync(member_id, generation, assignments=()):
+        return kwire.send(broker, SyncGroupRequest[3](
+            group_id=group, generation_id=generation, member_id=member_id,
+            group_instance_id=None,
+            assignments=[SyncGroupRequest[3].SyncGroupRequestAssignment(
+                member_id=m, assignment=a) for m, a in assignments]))
+
+    def heartbeat(member_id, generation):
+        return kwire.send(broker, HeartbeatRequest[3](
+            group_id=group, generation_id=generation, member_id=member_id,
+            group_instance_id=None)).error_code
+
+    with ThreadPoolExecutor(3) as pool:
+        a = joined()
+        assert sync(a.member_id, a.generation_id, [(a.member_id, b"A")]).error_code == none
+        b_join = pool.submit(joined)
+        wait_until(lambda: heartbeat(a.member_id, a.generation_id) == rebalancing, 30,
+                   "the leader to be told of the rebalance", interval=0.2)
+        a2 = joined(a.member_id)
+        b = b_join.result(timeout=30)
+        assert (a2.generation_id, a2.leader) == (b.generation_id, a.member_id)
+        generation = b.generation_id
+        b_sync = pool.submit(sync, b.member_id, generation)
+        # The leader takes longer than the follower's session to hand out the assignment,
+        # heartbeating meanwhile so that only the follower's session is in question.
+        slow_until = time.monotonic() + session_ms / 1000 + 1.5
+        while time.monotonic() < slow_until:
+            assert heartbeat(a.member_id, generation) == none
+            time.sleep(0.5)
+        assert b_sync.running(), "the follower's SyncGroup waits for the leader's"
+        assigned = sync(a.member_id, generation, [(a.member_id, b"A"), (b.member_id, b"B")])
+        assert assigned.error_code == none, assigned
+        answered = b_sync.result(timeout=10)
+        assert (answered.error_code, answered.assignment) == (none, b"B"), answered
+        # A few coordinator ticks later, the follower's first heartbeat.
+        time.sleep(1.0)
+        assert heartbeat(b.member_id, generation) == none, (
+            "the follower was removed right after it got its assignment")
+        assert heartbeat(a.member_id, generation) == none
+
+
 def test_static_member_replaced_without_rebalance(broker):
     """A second classic consumer with the same group.instance.id takes over the first one's
     partitions in the same generation (no rebalance), and the first is fenced

@@ -152,8 +152,70 @@ impl ClassicMember {
     fn awaiting_join(&self) -> bool {
         self.join_waiter.is_some()
     }
+    /// Answers the member's parked SyncGroup, if it has one, and restarts its session from
+    /// now, as Kafka does: a parked request is our wait, not the member's silence, and many
+    /// clients (sarama, librdkafka) send no heartbeat until their SyncGroup is answered — a
+    /// follower that waited most of its session on a slow leader would otherwise be expired
+    /// at the next tick, right after it got its assignment or was told to rejoin.
+    fn answer_sync(&mut self, result: SyncResult, now: Instant) {
+        if let Some(w) = self.sync_waiter.take() {
+            let _ = w.send(result);
+            self.last_heartbeat = now;
+        }
+    }
     fn same_protocols(&self, protocols: &[(String, Bytes)]) -> bool {
         self.protocols == protocols
+    }
+}
+
+/// Why the coordinator removed a member on its own, for the caller to log (nothing here logs):
+/// an operator whose consumer was thrown out needs to know which deadline it missed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removal {
+    /// Nothing from the member (heartbeat, JoinGroup, SyncGroup) for its session timeout.
+    SessionExpired { session_timeout_ms: i32 },
+    /// It did not rejoin within the rebalance timeout of a rebalance.
+    NotRejoined { rebalance_timeout_ms: u64 },
+    /// It had its JoinGroup answer for `generation` but sent no SyncGroup within the
+    /// rebalance timeout; a leader that does this held every member's assignment back.
+    NotSynced {
+        generation: i32,
+        rebalance_timeout_ms: u64,
+        leader: bool,
+    },
+}
+
+impl std::fmt::Display for Removal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Removal::SessionExpired { session_timeout_ms } => write!(
+                f,
+                "its session expired: no heartbeat, JoinGroup or SyncGroup for its session \
+                 timeout ({session_timeout_ms} ms)"
+            ),
+            Removal::NotRejoined {
+                rebalance_timeout_ms,
+            } => write!(
+                f,
+                "it did not rejoin within the rebalance timeout ({rebalance_timeout_ms} ms)"
+            ),
+            Removal::NotSynced {
+                generation,
+                rebalance_timeout_ms,
+                leader,
+            } => write!(
+                f,
+                "{} sent no SyncGroup for generation {generation} within the rebalance timeout \
+                 ({rebalance_timeout_ms} ms) after its JoinGroup answer{}",
+                if *leader { "the group's leader" } else { "it" },
+                if *leader {
+                    "; the other members' assignments waited for it, and the group rebalances \
+                     without it"
+                } else {
+                    ""
+                }
+            ),
+        }
     }
 }
 
@@ -186,6 +248,9 @@ pub struct ClassicGroup {
     sync_deadline: Option<Instant>,
     next_seq: u64,
     initial_delay_ms: u64,
+    /// Members removed on a deadline since the last [`ClassicGroup::tick`], which hands them
+    /// to the caller (a deadline can also pass within a request that finds it passed).
+    removed: Vec<(String, Removal)>,
 }
 
 /// Kafka's form of a member id: the client id, a dash, a UUID (drawn by the caller).
@@ -211,6 +276,7 @@ impl ClassicGroup {
             sync_deadline: None,
             next_seq: 0,
             initial_delay_ms,
+            removed: Vec::new(),
         }
     }
 
@@ -390,10 +456,8 @@ impl ClassicGroup {
                         .map(|m| (m.member_id.clone(), result(m)))
                         .collect();
                     for (id, res) in answers {
-                        if let Some(w) =
-                            self.members.get_mut(&id).and_then(|m| m.sync_waiter.take())
-                        {
-                            let _ = w.send(res);
+                        if let Some(m) = self.members.get_mut(&id) {
+                            m.answer_sync(res, now);
                         }
                     }
                     if self.pending_sync.is_empty() {
@@ -543,9 +607,9 @@ impl ClassicGroup {
     }
 
     /// Timeouts: initial delay and rebalance deadline, sync deadline, expired sessions and
-    /// expired KIP-394 pending ids. Returns the members removed because their session
-    /// expired, for the caller to log (nothing here logs).
-    pub fn tick(&mut self, now: Instant) -> Vec<String> {
+    /// expired KIP-394 pending ids. Returns the members removed on a deadline since the last
+    /// tick, and why, for the caller to log (nothing here logs).
+    pub fn tick(&mut self, now: Instant) -> Vec<(String, Removal)> {
         self.pending_members.retain(|_, deadline| *deadline > now);
         if self.state == ClassicState::PreparingRebalance {
             self.maybe_complete_join(now);
@@ -556,12 +620,22 @@ impl ClassicGroup {
             // Members that never synced are gone; the rest rebalance without them.
             let missing: Vec<String> = self.pending_sync.drain().collect();
             self.sync_deadline = None;
+            let generation = self.generation;
+            let rebalance_timeout_ms = self.group_rebalance_timeout().as_millis() as u64;
+            // Before any removal: removing the leader elects another.
+            let leader = self.leader.clone();
             for id in missing {
+                let why = Removal::NotSynced {
+                    generation,
+                    rebalance_timeout_ms,
+                    leader: leader.as_deref() == Some(id.as_str()),
+                };
                 self.remove_member_and_rebalance(&id, now);
+                self.removed.push((id, why));
             }
         }
         // Members waiting for our answer are not expired: the wait is ours, not theirs.
-        let expired: Vec<String> = self
+        let expired: Vec<(String, Removal)> = self
             .members
             .values()
             .filter(|m| m.join_waiter.is_none() && m.sync_waiter.is_none())
@@ -569,12 +643,18 @@ impl ClassicGroup {
                 now.saturating_duration_since(m.last_heartbeat)
                     >= Duration::from_millis(m.session_timeout_ms.max(0) as u64)
             })
-            .map(|m| m.member_id.clone())
+            .map(|m| {
+                let why = Removal::SessionExpired {
+                    session_timeout_ms: m.session_timeout_ms,
+                };
+                (m.member_id.clone(), why)
+            })
             .collect();
-        for id in &expired {
-            self.remove_member_and_rebalance(id, now);
+        for (id, why) in expired {
+            self.remove_member_and_rebalance(&id, now);
+            self.removed.push((id, why));
         }
-        expired
+        std::mem::take(&mut self.removed)
     }
 
     /// OffsetCommit from this group: simple commits (generation < 0, no member) only while

@@ -17,7 +17,11 @@
 //! - revoke before assign: what a SyncGroup answer gives is held by no other client, and a
 //!   client holds partitions only of the group's current generation (everyone in an older one
 //!   rejoined, so revoked, or was removed, before a new generation was formed);
-//! - the group's generation and the generation each client is told never decrease.
+//! - the group's generation and the generation each client is told never decrease;
+//! - a member is removed for an expired session only once its session timeout has passed since
+//!   the coordinator last took a request from it as a live member's (a heartbeat it accepted, a
+//!   JoinGroup or SyncGroup it kept or answered at once) or answered one it had kept waiting —
+//!   as Kafka restarts a member's session when it answers a parked JoinGroup or SyncGroup.
 //!
 //! After the operations, everyone who wants to be in the group keeps acting and heartbeating as
 //! time passes in small steps: the group must become Stable with every such client in the
@@ -34,7 +38,7 @@ use bytes::Bytes;
 use futures_channel::oneshot;
 use kaas_groups::classic::{
     parse_subscription_topics, ClassicGroup, ClassicState, JoinArgs, JoinResult, JoinedMember,
-    MemberRef, Reply, SettledKey, StoredGroup, SyncResult,
+    MemberRef, Removal, Reply, SettledKey, StoredGroup, SyncResult,
 };
 use kaas_groups::GroupError;
 use proptest::prelude::*;
@@ -109,6 +113,20 @@ impl<T> Answer<T> {
             },
         }
     }
+    /// Turns a waiting answer that has come (or whose sender went away) into a ready one;
+    /// true if it did so now.
+    fn settle(&mut self, dropped: impl FnOnce() -> T) -> bool {
+        let Answer::Waiting(rx) = self else {
+            return false;
+        };
+        let v = match rx.try_recv() {
+            Ok(None) => return false,
+            Ok(Some(v)) => v,
+            Err(_) => dropped(),
+        };
+        *self = Answer::Ready(Some(v));
+        true
+    }
 }
 
 enum Phase {
@@ -140,6 +158,9 @@ struct Client {
     phase: Phase,
     /// The last generation this incarnation was told.
     generation: i32,
+    /// When the coordinator last heard from this member as a live one, or answered a request
+    /// it had kept waiting (see the module docs).
+    alive_at: Instant,
 }
 
 impl Client {
@@ -147,6 +168,23 @@ impl Client {
         match &self.phase {
             Phase::Stable { held, .. } => Some(held),
             _ => None,
+        }
+    }
+    /// Notes, at `now`, an answer the coordinator gave to a request it had kept waiting: the
+    /// answer stays for the client to read when it next acts.
+    fn note_answer(&mut self, now: Instant) {
+        let answered = match &mut self.phase {
+            Phase::Joining(a) => {
+                a.settle(|| JoinResult::error(GroupError::RebalanceInProgress, ""))
+            }
+            Phase::Syncing { answer, .. } => answer.settle(|| SyncResult {
+                error: Some(GroupError::RebalanceInProgress),
+                ..SyncResult::default()
+            }),
+            _ => false,
+        };
+        if answered {
+            self.alive_at = now;
         }
     }
     fn forget(&mut self) {
@@ -210,6 +248,7 @@ impl World {
             .filter(|t| initial[*t] > 0)
             .map(|t| (TOPICS[t].to_string(), initial[t]))
             .collect();
+        let now = Instant::now();
         World {
             group: ClassicGroup::new("g", initial_delay_ms),
             clients: (0..CLIENTS)
@@ -221,11 +260,12 @@ impl World {
                     wants_in: false,
                     phase: Phase::Out,
                     generation: 0,
+                    alive_at: now,
                 })
                 .collect(),
             topics,
             table_version: 0,
-            now: Instant::now(),
+            now,
             kip394,
             next_id: Cell::new(1),
             generation: 0,
@@ -279,7 +319,12 @@ impl World {
                 assert_eq!(Some(&r.member_id), c.member_id.as_ref());
                 c.phase = Phase::HasId;
             }
-            r => c.phase = Phase::Joining(Answer::from(r)),
+            r => {
+                if matches!(r, Reply::Later(_)) {
+                    c.alive_at = self.now;
+                }
+                c.phase = Phase::Joining(Answer::from(r))
+            }
         }
     }
 
@@ -350,6 +395,12 @@ impl World {
             assignments,
             self.now,
         );
+        if matches!(
+            &reply,
+            Reply::Later(_) | Reply::Now(SyncResult { error: None, .. })
+        ) {
+            self.clients[i].alive_at = self.now;
+        }
         self.clients[i].phase = Phase::Syncing {
             generation,
             table_version: leader.then_some(self.table_version),
@@ -442,6 +493,9 @@ impl World {
             },
             self.now,
         );
+        if matches!(r, Ok(()) | Err(GroupError::RebalanceInProgress)) {
+            self.clients[i].alive_at = self.now;
+        }
         match r {
             Ok(()) => {}
             // Eager: revoke everything, then rejoin.
@@ -502,7 +556,29 @@ impl World {
             Op::Leave { client } => self.leave(client),
             Op::Advance { ms } => {
                 self.now += Duration::from_millis(ms);
-                self.group.tick(self.now);
+                let expired = self.group.tick(self.now);
+                // Answers the tick gave (a deadline passed) count from now.
+                self.note_answers();
+                for (id, why) in expired {
+                    if !matches!(why, Removal::SessionExpired { .. }) {
+                        continue;
+                    }
+                    let Some((i, c)) = self
+                        .clients
+                        .iter()
+                        .enumerate()
+                        .find(|(_, c)| c.member_id.as_deref() == Some(id.as_str()))
+                    else {
+                        continue;
+                    };
+                    let quiet = self.now.saturating_duration_since(c.alive_at);
+                    assert!(
+                        quiet >= Duration::from_millis(SESSION_MS as u64),
+                        "client {i}'s session expired {} ms after the coordinator last heard \
+                         from it or answered it (session timeout {SESSION_MS} ms)",
+                        quiet.as_millis()
+                    );
+                }
             }
             Op::Grow { topic, by } => {
                 let n = self.topics.get(TOPICS[topic]).copied().unwrap_or(0);
@@ -600,8 +676,17 @@ impl World {
         }
     }
 
+    /// Records the answers the coordinator gave since the last look (see `Client::alive_at`).
+    fn note_answers(&mut self) {
+        let now = self.now;
+        for c in &mut self.clients {
+            c.note_answer(now);
+        }
+    }
+
     fn step(&mut self, op: &Op) {
         self.apply(op);
+        self.note_answers();
         self.store();
         self.forget_removed();
         self.check();

@@ -271,11 +271,10 @@ impl ClassicGroup {
     }
 
     pub(super) fn prepare_rebalance(&mut self, now: Instant) {
-        // Anyone still waiting for a sync answer learns the generation is over.
+        // Anyone still waiting for a sync answer learns the generation is over, and has a
+        // whole session from this answer to rejoin (see `ClassicMember::answer_sync`).
         for m in self.members.values_mut() {
-            if let Some(w) = m.sync_waiter.take() {
-                let _ = w.send(SyncResult::error(GroupError::RebalanceInProgress));
-            }
+            m.answer_sync(SyncResult::error(GroupError::RebalanceInProgress), now);
         }
         self.pending_sync.clear();
         self.sync_deadline = None;
@@ -321,8 +320,15 @@ impl ClassicGroup {
             .filter(|m| !m.awaiting_join() && m.instance_id.is_none())
             .map(|m| m.member_id.clone())
             .collect();
+        let rebalance_timeout_ms = self.group_rebalance_timeout().as_millis() as u64;
         for id in gone {
             self.remove_member(&id);
+            self.removed.push((
+                id,
+                Removal::NotRejoined {
+                    rebalance_timeout_ms,
+                },
+            ));
         }
         self.pending_members.clear();
         self.generation += 1;

@@ -229,7 +229,13 @@ fn session_expiry() {
         t1,
     )
     .unwrap();
-    g.tick(t0 + Duration::from_millis(10_000));
+    let why = Removal::SessionExpired {
+        session_timeout_ms: 10_000,
+    };
+    assert_eq!(
+        g.tick(t0 + Duration::from_millis(10_000)),
+        vec![(a.clone(), why)]
+    );
     assert!(!g.members.contains_key(&a));
     assert_eq!(g.state, ClassicState::PreparingRebalance);
     // b rejoins; then b stops too.
@@ -482,4 +488,121 @@ fn stored_empty_and_broken_groups_restore_empty() {
         ClassicGroup::restore("g", 0, broken, t0).state,
         ClassicState::Empty
     );
+}
+
+/// Generation 2 formed at `t0` with `a` the leader and `b` a follower, neither synced yet;
+/// every member's session and rebalance timeouts are `session_ms` and `rebalance_ms`.
+fn completing_pair(
+    t0: Instant,
+    session_ms: i32,
+    rebalance_ms: i32,
+) -> (ClassicGroup, String, String) {
+    let with = |id: &str| JoinArgs {
+        session_timeout_ms: session_ms,
+        rebalance_timeout_ms: rebalance_ms,
+        ..args(id, &["range"])
+    };
+    let mut g = ClassicGroup::new("g", 0);
+    let a = now_result(g.join(with(""), t0, MIN, MAX, &fresh_id)).member_id;
+    let _ = ready(&mut later(g.join(with(&a), t0, MIN, MAX, &fresh_id))).unwrap();
+    let b = now_result(g.join(with(""), t0, MIN, MAX, &fresh_id)).member_id;
+    let mut rb = later(g.join(with(&b), t0, MIN, MAX, &fresh_id));
+    let ja = ready(&mut later(g.join(with(&a), t0, MIN, MAX, &fresh_id))).unwrap();
+    assert_eq!((ja.generation, ja.leader.as_str()), (2, a.as_str()));
+    let _ = ready(&mut rb).unwrap();
+    assert_eq!(g.state, ClassicState::CompletingRebalance);
+    (g, a, b)
+}
+
+fn member(id: &str, generation: i32) -> MemberRef<'_> {
+    MemberRef {
+        member_id: id,
+        instance_id: None,
+        generation,
+    }
+}
+
+// A follower that waited on a slow leader for most of its session gets a whole session from
+// the answer on (Kafka restarts the session of every member it answers a parked SyncGroup):
+// a client that does not heartbeat while its SyncGroup is parked (sarama, librdkafka) would
+// otherwise be expired right after it got its assignment.
+#[test]
+fn a_follower_answered_by_a_slow_leader_starts_a_new_session() {
+    let t0 = Instant::now();
+    let (mut g, a, b) = completing_pair(t0, 10_000, 30_000);
+    let mut sb = later(g.sync(member(&b, 2), None, None, vec![], t0));
+    let t1 = t0 + Duration::from_millis(9_500);
+    let assignment = vec![
+        (a.clone(), Bytes::from_static(b"A")),
+        (b.clone(), Bytes::from_static(b"B")),
+    ];
+    let _ = g.sync(member(&a, 2), None, None, assignment, t1);
+    assert_eq!(ready(&mut sb).unwrap().assignment, Bytes::from_static(b"B"));
+    assert!(g.tick(t1 + Duration::from_millis(1_000)).is_empty());
+    assert_eq!(g.state, ClassicState::Stable);
+    assert!(g
+        .heartbeat(member(&b, 2), t1 + Duration::from_millis(2_000))
+        .is_ok());
+}
+
+// The leader never syncs: at the rebalance timeout it is removed, and the follower parked on
+// its SyncGroup is told to rejoin. It keeps its membership for a session from that answer, so
+// it rejoins as itself (sarama's cooperative test scaling a group of 6 s timeouts lost its
+// member id this way, and came back as a new member while the old one lingered).
+#[test]
+fn a_follower_whose_leader_never_syncs_rejoins_as_itself() {
+    let t0 = Instant::now();
+    let (mut g, a, b) = completing_pair(t0, 6_000, 6_000);
+    let mut sb = later(g.sync(member(&b, 2), None, None, vec![], t0));
+    let t1 = t0 + Duration::from_millis(6_000);
+    let why = Removal::NotSynced {
+        generation: 2,
+        rebalance_timeout_ms: 6_000,
+        leader: true,
+    };
+    assert_eq!(
+        g.tick(t1),
+        vec![(a.clone(), why)],
+        "only the leader, which never synced"
+    );
+    assert!(!g.members.contains_key(&a));
+    assert_eq!(
+        ready(&mut sb).unwrap().error,
+        Some(GroupError::RebalanceInProgress)
+    );
+    assert_eq!(g.state, ClassicState::PreparingRebalance);
+    let t2 = t1 + Duration::from_millis(2_000);
+    g.tick(t2);
+    let jb = ready(&mut later(g.join(
+        args(&b, &["range"]),
+        t2,
+        MIN,
+        MAX,
+        &fresh_id,
+    )))
+    .unwrap();
+    assert_eq!((jb.generation, jb.leader.as_str()), (3, b.as_str()));
+}
+
+// A member that keeps heartbeating through a rebalance but never rejoins is dropped when the
+// rebalance times out, and the tick says so (the reason an operator reads in the log).
+#[test]
+fn a_member_that_never_rejoins_is_reported() {
+    let t0 = Instant::now();
+    let (mut g, a, b) = stable_pair(t0);
+    let mut rb = later(g.join(args(&b, &["range", "sticky"]), t0, MIN, MAX, &fresh_id));
+    assert_eq!(g.state, ClassicState::PreparingRebalance);
+    for s in [5, 10, 15, 20, 25] {
+        let at = t0 + Duration::from_secs(s);
+        assert_eq!(
+            g.heartbeat(member(&a, 2), at),
+            Err(GroupError::RebalanceInProgress)
+        );
+        assert!(g.tick(at).is_empty());
+    }
+    let why = Removal::NotRejoined {
+        rebalance_timeout_ms: 30_000,
+    };
+    assert_eq!(g.tick(t0 + Duration::from_secs(30)), vec![(a.clone(), why)]);
+    assert_eq!(ready(&mut rb).unwrap().generation, 3);
 }

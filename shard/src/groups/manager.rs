@@ -711,8 +711,8 @@ impl GroupManager {
             let mut kind = g.kind.borrow_mut();
             match &mut *kind {
                 GroupKind::Classic(c) => {
-                    for id in c.tick(now) {
-                        tracing::info!(group = %g.id, member = %id, "member session expired");
+                    for (id, why) in c.tick(now) {
+                        tracing::info!(group = %g.id, member = %id, "removed a member from its group: {why}");
                     }
                 }
                 GroupKind::Consumer(c) => {
