@@ -178,7 +178,7 @@ async fn write_frame(
             let Piece::File(window, _) = piece else {
                 return Ok(piece);
             };
-            if kaas_storage::resident::in_page_cache(&window) {
+            if kaas_storage::resident::window_in_page_cache(&window) {
                 return Ok(Piece::File(window, true));
             }
             match kaas_storage::direct::read(&window).await {
@@ -253,12 +253,16 @@ async fn send_file(
     cached: bool,
 ) -> std::io::Result<()> {
     let mut done = 0;
-    let mut looked = Some(cached);
+    let mut first = true;
     while done < chunk.len() {
         let window = chunk.slice(done..);
-        let cold = !looked
-            .take()
-            .unwrap_or_else(|| kaas_storage::resident::in_page_cache(&window));
+        // A window found cached when it was prepared is trusted to its end: that look is up
+        // to WINDOWS_AHEAD windows old already, and asking again after every partial send (a
+        // full socket) was a `mincore` of the rest of the window each time, most of the
+        // `mincore` work of a consume. A cold window is looked at again after each send from
+        // the blocking thread, whose `sendfile` reads ahead.
+        let cold = !cached && (first || !kaas_storage::resident::in_page_cache(&window));
+        first = false;
         // The blocking thread gets its own duplicate of the socket: the call runs even if this
         // task is dropped meanwhile (shutdown), and the connection's descriptor number could by
         // then name another connection's socket. With no descriptor to spare (EMFILE), the

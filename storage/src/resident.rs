@@ -59,6 +59,14 @@ pub const BUDGET_BYTES: usize = 128 << 20;
 /// goes in steps of a few MiB rather than a whole 1 GiB segment at once.
 const MAX_RANGE_BYTES: usize = 8 << 20;
 
+/// How many of the newest ranges a read looks through for the one it continues. Consumers of
+/// many partitions interleave their reads: with only the newest range tried, 100 partitions
+/// read round robin recorded one range per read, and released each with its own `madvise`,
+/// which flushes the TLB of every core the process runs on (an IPI each, costly in a VM): 10%
+/// of the broker's CPU in a consume of 100 partitions (bench/README.md). A scan of this many
+/// entries costs far less than one of those calls.
+const MERGE_SCAN: usize = 256;
+
 /// The owner of a segment mapping inside `Bytes` (zero-copy slices keep it alive); the segment
 /// keeps a `Weak` to it, so releasing never extends a mapping's life. Listed in [`MAPPINGS`]
 /// for as long as it lives.
@@ -215,6 +223,23 @@ pub fn in_page_cache(bytes: &[u8]) -> bool {
     true
 }
 
+/// Whether the window `bytes` of a record set is in the page cache, for the choice between
+/// sending it from the shard's thread and reading it elsewhere. While cold history is read
+/// past the page cache (`crate::memory_limit`: memory is short and pages are being evicted)
+/// every page is asked about ([`in_page_cache`]). Otherwise only the first, the middle and the
+/// last page are: with memory to spare a window read sequentially is cached or evicted from
+/// its ends, and asking about each of its 256 pages was a tenth of the broker's CPU in a
+/// consume from the page cache (bench/README.md). A hole the probes miss costs the shard one
+/// synchronous read, not a wrong answer.
+pub fn window_in_page_cache(bytes: &[u8]) -> bool {
+    let page = page_size();
+    if bytes.len() <= 3 * page || crate::memory_limit::read_past_page_cache() {
+        return in_page_cache(bytes);
+    }
+    let probe = |at: usize| in_page_cache(&bytes[at..at + 1]);
+    probe(0) && probe(bytes.len() / 2) && probe(bytes.len() - 1)
+}
+
 /// Reads `bytes`, a slice of a segment mapping, from its file into the page cache (a `pread`
 /// into a scratch buffer: the pages are not mapped into this process, so they do not count
 /// against the resident budget). For a blocking thread: it waits for the disk. Errors are
@@ -333,17 +358,21 @@ impl Ranges {
         if to <= from {
             return Vec::new();
         }
-        let extended = match self.queue.back_mut() {
-            Some((m, start, len))
-                if Weak::ptr_eq(m, map) && *start + *len == from && *len < MAX_RANGE_BYTES =>
-            {
-                *len += to - from;
-                true
-            }
-            _ => false,
-        };
-        if !extended {
-            self.queue.push_back((map.clone(), from, to - from));
+        // The range this read continues, among the newest: it moves to the back, so the
+        // queue stays in order of last use.
+        let continued = self
+            .queue
+            .iter()
+            .enumerate()
+            .rev()
+            .take(MERGE_SCAN)
+            .find(|(_, (m, start, len))| {
+                Weak::ptr_eq(m, map) && *start + *len == from && *len < MAX_RANGE_BYTES
+            })
+            .map(|(i, _)| i);
+        match continued.and_then(|i| self.queue.remove(i)) {
+            Some((m, start, len)) => self.queue.push_back((m, start, len + (to - from))),
+            None => self.queue.push_back((map.clone(), from, to - from)),
         }
         self.held += to - from;
         let mut release = Vec::new();
@@ -436,6 +465,20 @@ mod tests {
         // A single range over the budget stays: it is the one being read.
         assert!(r.record(&wb, 100, 1000, 250).is_empty());
         assert_eq!(r.held(), 1000);
+        // Reads of several mappings interleaved continue each mapping's own range, which
+        // moves to the back (the newest is never released).
+        let mut r = Ranges::default();
+        r.record(&wa, 0, 100, usize::MAX);
+        r.record(&wb, 0, 100, usize::MAX);
+        r.record(&wa, 100, 200, usize::MAX);
+        r.record(&wb, 100, 200, usize::MAX);
+        assert_eq!(r.queue.len(), 2);
+        let out = r.record(&wa, 200, 300, 300);
+        assert_eq!(out.len(), 1, "b's range is now the oldest");
+        assert!(Weak::ptr_eq(&out[0].0, &wb) && out[0].1 == 0 && out[0].2 == 200);
+        // A read that does not continue a range (a gap) starts a new one.
+        r.record(&wa, 400, 500, usize::MAX);
+        assert_eq!(r.queue.len(), 2);
         // Merging stops at MAX_RANGE_BYTES.
         let mut r = Ranges::default();
         r.record(&wa, 0, MAX_RANGE_BYTES, usize::MAX);
@@ -517,6 +560,47 @@ mod tests {
     // Proves: `in_page_cache` says whether sending a slice would wait for the disk — true for
     // pages just written (in the page cache, never touched through the mapping), false once
     // the file's pages were evicted, true again after they were read back.
+    #[test]
+    fn a_window_is_looked_at_its_ends_and_middle() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("00000000000000000000.log");
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        let fd = sendable(file.as_raw_fd());
+        // SAFETY: the file is open and not modified while mapped.
+        let (map, _handle) = unsafe { map_file(&path, data.len() as u64, &fd) }.unwrap();
+        assert!(window_in_page_cache(&map));
+        let evict = |at: usize| {
+            // SAFETY: advice on an open descriptor, integer arguments.
+            let rc = unsafe {
+                libc::posix_fadvise(file.as_raw_fd(), at as i64, 4096, libc::POSIX_FADV_DONTNEED)
+            };
+            assert_eq!(rc, 0);
+        };
+        evict(8 << 12);
+        if !in_page_cache(&map) {
+            // Not tmpfs (where the page cache is the only copy): a page did leave.
+            assert_eq!(
+                window_in_page_cache(&map),
+                crate::memory_limit::read_past_page_cache(),
+                "a hole off the probes is looked for only when memory is short"
+            );
+            evict(map.len() - 4096);
+            assert!(!window_in_page_cache(&map), "the last page is probed");
+            assert!(!window_in_page_cache(&map[..map.len() - 4096 + 1]));
+            assert!(
+                !window_in_page_cache(&map[8 << 12..]),
+                "the first page is probed"
+            );
+            assert!(window_in_page_cache(
+                &map[(8 << 12) + 4096..map.len() - 4096]
+            ));
+        }
+    }
+
     #[test]
     fn residency_is_answered_from_the_page_cache_without_faulting() {
         use std::os::fd::AsRawFd;
