@@ -202,18 +202,21 @@ impl std::fmt::Display for Removal {
             Removal::NotSynced {
                 generation,
                 rebalance_timeout_ms,
-                leader,
+                leader: false,
             } => write!(
                 f,
-                "{} sent no SyncGroup for generation {generation} within the rebalance timeout \
-                 ({rebalance_timeout_ms} ms) after its JoinGroup answer{}",
-                if *leader { "the group's leader" } else { "it" },
-                if *leader {
-                    "; the other members' assignments waited for it, and the group rebalances \
-                     without it"
-                } else {
-                    ""
-                }
+                "it sent no SyncGroup for generation {generation} within the rebalance timeout \
+                 ({rebalance_timeout_ms} ms) after its JoinGroup answer"
+            ),
+            Removal::NotSynced {
+                generation,
+                rebalance_timeout_ms,
+                leader: true,
+            } => write!(
+                f,
+                "the group's leader sent no SyncGroup for generation {generation} within the \
+                 rebalance timeout ({rebalance_timeout_ms} ms) after its JoinGroup answer; the \
+                 other members' assignments waited for it, and the group rebalances without it"
             ),
         }
     }

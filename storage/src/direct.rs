@@ -26,10 +26,10 @@
 //! (bench/README.md, "Cold reads go past the page cache only under a tight limit").
 //!
 //! [`read`] answers `None` — the caller sends the window with `sendfile` as before — when the
-//! page cache has room, when no buffer is free (they bound the memory: a connection whose client stopped reading holds
-//! its buffers until it closes), when the window is not a slice of a live segment's mapping,
-//! or when the file system refuses `O_DIRECT` (tmpfs on old kernels, some FUSE file systems);
-//! the last is said once and remembered for the process.
+//! page cache has room, when no buffer is free (they bound the memory: a connection whose
+//! client stopped reading holds its buffers until it closes), when the window is not a slice
+//! of a live segment's mapping, or when the file system refuses `O_DIRECT` (tmpfs on old
+//! kernels, some FUSE file systems); the last is said once and remembered for the process.
 
 use std::alloc::Layout;
 use std::cell::RefCell;

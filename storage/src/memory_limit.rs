@@ -134,8 +134,10 @@ impl Usage {
 
 /// The tightest limit over the process's memory cgroup and the cgroups above it, under the
 /// cgroup file system mounted at `root` (cgroup v2 there, or v1's `memory` hierarchy at
-/// `root/memory`), `own` being `/proc/self/cgroup`. `None` without any limit.
-pub fn usage(root: &Path, own: &str) -> Option<Usage> {
+/// `root/memory`), `own` being `/proc/self/cgroup`. `None` without any limit. The broker
+/// looks its cgroup up once ([`own`]); this is the same lookup whole, for the tests.
+#[cfg(test)]
+fn usage(root: &Path, own: &str) -> Option<Usage> {
     let (dir, v2) = own_cgroup(root, own)?;
     tightest(root, dir, v2)
 }
@@ -212,7 +214,7 @@ mod tests {
         assert_eq!("page-cache".parse(), Ok(ColdReads::PageCache));
         assert_eq!("direct".parse(), Ok(ColdReads::Direct));
         assert!("O_DIRECT".parse::<ColdReads>().is_err());
-        for mode in [ColdReads::Auto, ColdReads::PageCache, ColdReads::Direct] {
+        for mode in ColdReads::ALL {
             assert_eq!(mode.name().parse(), Ok(mode));
         }
     }

@@ -379,15 +379,19 @@ impl Ranges {
                 Weak::ptr_eq(m, map) && *start + *len == from && *len < MAX_RANGE_BYTES
             })
             .map(|(i, _)| i);
-        match continued.and_then(|i| self.queue.remove(i)) {
-            Some((m, start, len)) => self.queue.push_back((m, start, len + (to - from))),
+        // Where the bytes this read adds to the record begin.
+        let recorded_from = match continued.and_then(|i| self.queue.remove(i)) {
+            Some((m, start, len)) => {
+                self.queue.push_back((m, start, len + (to - from)));
+                from
+            }
             None => {
                 let start = from.saturating_sub(LEAD_BYTES);
                 self.queue.push_back((map.clone(), start, to - start));
-                self.held += from - start;
+                start
             }
-        }
-        self.held += to - from;
+        };
+        self.held += to - recorded_from;
         let mut release = Vec::new();
         while self.held > budget && self.queue.len() > 1 {
             let (m, start, len) = self.queue.pop_front().expect("more than one range");
