@@ -9,14 +9,13 @@
 //!
 //! So each read records the byte range it sliced, and when the ranges recorded on this shard
 //! exceed [`BUDGET_BYTES`], the oldest are released with `MADV_DONTNEED` (widened to whole
-//! folios, [`RELEASE_ALIGN_BYTES`]): the pages leave this
-//! process's page tables (VmRSS falls) and stay in the page cache, and a later access faults
-//! them back in from the file. That is sound because these are shared (`MAP_SHARED`),
-//! read-only mappings: `MADV_DONTNEED` only drops this process's page-table entries, and the
-//! mapping always shows the page cache, before and after — so a slice still on its way to a
-//! socket reads the same bytes (the readers only ever slice verified batches, which nothing
-//! rewrites: a sealed segment is never modified in place, and the active segment's appends
-//! land past its data).
+//! folios, [`RELEASE_ALIGN_BYTES`]): the pages leave this process's page tables (VmRSS falls)
+//! and stay in the page cache, and a later access faults them back in from the file. That is
+//! sound because these are shared (`MAP_SHARED`), read-only mappings: `MADV_DONTNEED` only
+//! drops this process's page-table entries, and the mapping always shows the page cache, before
+//! and after — so a slice still on its way to a socket reads the same bytes (the readers only
+//! ever slice verified batches, which nothing rewrites: a sealed segment is never modified in
+//! place, and the active segment's appends land past its data).
 //!
 //! One [`Ranges`] per shard thread: nothing here is shared between threads. The bookkeeping is
 //! pure ([`Ranges::record`] says what to release) and tested apart from the `madvise`.
@@ -84,13 +83,13 @@ const LEAD_BYTES: usize = 64 << 10;
 /// they stay mapped for the segment's life. Measured on this machine's Linux 6.18, reading 94
 /// MiB of 16 partitions round robin (appended 256 KiB at a time) under a 1 MiB budget: 19 MiB
 /// stayed mapped, growing with the history read, with [`LEAD_BYTES`] of 64 KiB alone; 3 MiB
-/// with a 128 KiB lead; at most 1.8 MiB with releases widened
-/// (storage/tests/partition_log.rs). One shard after a consume of 100 partitions read from
-/// disk (readahead fills large folios): 675 MiB of segment pages mapped after 5.9 GiB read and
-/// 432 MiB after 2.5 GiB with the lead alone, 159-231 MiB with releases widened — what stays is
-/// the budget and up to a folio on either side of each recorded range, however much history is
-/// read (bench/README.md). Widening only unmaps more: a page of a newer range it
-/// reaches is faulted back from the page cache if that range is read again.
+/// with a 128 KiB lead; at most 1.8 MiB with releases widened (storage/tests/partition_log.rs).
+/// One shard after a consume of 100 partitions read from disk (readahead fills large folios):
+/// 675 MiB of segment pages mapped after 5.9 GiB read and 432 MiB after 2.5 GiB with the lead
+/// alone, 159-231 MiB with releases widened — what stays is the budget and up to a folio on
+/// either side of each recorded range, however much history is read (bench/README.md). Widening
+/// only unmaps more: a page of a newer range it reaches is faulted back from the page cache if
+/// that range is read again.
 const RELEASE_ALIGN_BYTES: usize = 2 << 20;
 
 /// `[start, start + len)` widened to [`RELEASE_ALIGN_BYTES`] on both sides, within a mapping
