@@ -217,6 +217,13 @@ class Broker:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def status_kib(self, field: str) -> int:
+        """A memory figure of the broker process from /proc/PID/status (VmRSS, VmHWM,
+        RssFile, ...), in KiB."""
+        with open(f"/proc/{self.pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields[field].split()[0])
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, wait up to `timeout`, SIGKILL if it is still there. Returns the exit code."""
         if self.proc is None:

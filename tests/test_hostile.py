@@ -37,12 +37,6 @@ def metric(broker, name: str, labels: str = "") -> float:
     return sum(values)
 
 
-def rss_kib(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process, in KiB."""
-    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
-
-
 def raise_own_fd_limit(n: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < n:
@@ -80,7 +74,7 @@ def test_trickled_huge_frames_hold_no_memory_and_are_closed(broker_factory):
     n = 1000
     raise_own_fd_limit(n + 200)
     b = broker_factory(extra_args=["--request-progress-timeout-ms", "8000"])
-    rss_before, _ = rss_kib(b.pid)
+    rss_before = b.status_kib("VmRSS")
     socks = []
     header = struct.pack(">i", 100 * 1024 * 1024) + kwire.request(0, 3, 1, b"")[4:]
     for _ in range(n):
@@ -103,7 +97,7 @@ def test_trickled_huge_frames_hold_no_memory_and_are_closed(broker_factory):
     try:
         took = produce_and_consume(b, "alongside", 2000)
         time.sleep(3)
-        rss_during, _ = rss_kib(b.pid)
+        rss_during = b.status_kib("VmRSS")
         reserved = metric(b, "kaas_request_memory_bytes")
         # Then they stop making progress: all closed within the timeout plus slack.
         deadline = time.monotonic() + 30
@@ -117,7 +111,7 @@ def test_trickled_huge_frames_hold_no_memory_and_are_closed(broker_factory):
         t.join(5)
         for s in socks:
             s.close()
-    _, peak = rss_kib(b.pid)
+    peak = b.status_kib("VmHWM")
     print(f"\n{n} connections trickling 100 MB frames: RSS {rss_before // 1024} MiB before,"
           f" {rss_during // 1024} MiB during, peak {peak // 1024} MiB; request memory reserved"
           f" {reserved / 2**20:.1f} MiB; 2,000 records produced and read alongside in {took:.1f} s")

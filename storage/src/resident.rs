@@ -629,9 +629,9 @@ mod tests {
         );
     }
 
-    // Proves: `in_page_cache` says whether sending a slice would wait for the disk — true for
-    // pages just written (in the page cache, never touched through the mapping), false once
-    // the file's pages were evicted, true again after they were read back.
+    // Proves: with memory to spare a window is looked at its first, middle and last page (a
+    // hole elsewhere goes unseen), and at every page while cold history is read past the page
+    // cache.
     #[test]
     fn a_window_is_looked_at_its_ends_and_middle() {
         use std::os::fd::AsRawFd;
@@ -673,6 +673,9 @@ mod tests {
         }
     }
 
+    // Proves: `in_page_cache` says whether sending a slice would wait for the disk — true for
+    // pages just written (in the page cache, never touched through the mapping), false once
+    // the file's pages were evicted, true again after they were read back.
     #[test]
     fn residency_is_answered_from_the_page_cache_without_faulting() {
         use std::os::fd::AsRawFd;
