@@ -490,6 +490,74 @@ def test_kafkas_dynamic_broker_configs(broker_factory):
     produce_plain(b.bootstrap, topic, [(None, b"keyless", None)], acks="all")
 
 
+def test_broker_configs_kafka_does_not_define_or_cannot_change(broker_factory):
+    """AlterConfigs on a broker as Kafka 4.4 answers it (checked against Kafka 4.4 on
+    2026-12-06): a name Kafka does not define is stored and described back as sensitive
+    without its value (kaas refused KafkaJS's "alter broker configs", which sets
+    `cleanup.policy` on a broker); a config Kafka defines as static is refused with
+    INVALID_REQUEST; a dynamic topic default kaas refused before (`log.message.timestamp.type`)
+    is accepted and takes effect on a topic that does not set it; and DescribeConfigs lists
+    named configs in the order asked (KafkaJS reads two by position)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ResourceType
+    from kafka.protocol.admin import DescribeConfigsRequest
+    b = broker_factory()
+    a = admin(b.bootstrap)
+    [broker_id] = [str(i) for i in a.list_topics(timeout=10).brokers]
+
+    # Legacy AlterConfigs, as KafkaJS sends it, then IncrementalAlterConfigs.
+    for f in a.alter_configs([ConfigResource(ResourceType.BROKER, broker_id,
+                                             set_config={"cleanup.policy": "delete"})]).values():
+        f.result(15)
+    for f in a.incremental_alter_configs([ConfigResource(
+            ResourceType.BROKER, broker_id, incremental_configs=[
+                ConfigEntry("cleanup.policy", "delete",
+                            incremental_operation=AlterConfigOpType.SET),
+                ConfigEntry("no.such.kafka.config", "x",
+                            incremental_operation=AlterConfigOpType.SET)])]).values():
+        f.result(15)
+    [f] = a.describe_configs([ConfigResource(ResourceType.BROKER, broker_id)]).values()
+    cfg = f.result(15)
+    for name in ("cleanup.policy", "no.such.kafka.config"):
+        assert cfg[name].is_sensitive and cfg[name].value is None, cfg[name]
+
+    refused = a.incremental_alter_configs([ConfigResource(
+        ResourceType.BROKER, broker_id, incremental_configs=[ConfigEntry(
+            "log.dirs", "/elsewhere", incremental_operation=AlterConfigOpType.SET)])])
+    with pytest.raises(KafkaException) as e:
+        for f in refused.values():
+            f.result(15)
+    assert e.value.args[0].code() == 42, e.value  # INVALID_REQUEST
+    assert "Cannot update these configs dynamically: [log.dirs]" in str(e.value), e.value
+
+    # This broker's default, then a topic without its own.
+    for f in a.incremental_alter_configs([ConfigResource(
+            ResourceType.BROKER, broker_id, incremental_configs=[ConfigEntry(
+                "log.message.timestamp.type", "LogAppendTime",
+                incremental_operation=AlterConfigOpType.SET)])]).values():
+        f.result(15)
+    topic = unique_topic("append-time-default")
+    create_topic(b.bootstrap, topic, 1)
+    before = int(time.time() * 1000)
+    produce_plain(b.bootstrap, topic, [(None, b"old", 1_000)], acks="all")
+    c = rdkafka_consumer(b.bootstrap)
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        msgs = [m for m in c.consume(num_messages=1, timeout=15) if m.error() is None]
+    finally:
+        c.close()
+    assert len(msgs) == 1, msgs
+    kind, ts = msgs[0].timestamp()
+    assert kind == 2 and ts >= before - 1000, (kind, ts)  # TIMESTAMP_LOG_APPEND_TIME
+
+    for names in (["default.replication.factor", "num.partitions"],
+                  ["num.partitions", "log.retention.ms", "default.replication.factor"]):
+        r = kwire.send(b, DescribeConfigsRequest[3](
+            resources=[(4, broker_id, names)], include_synonyms=False,
+            include_documentation=False))
+        assert [e.name for e in r.results[0].configs] == names, r
+
+
 def test_newest_metadata_and_fetch_versions(broker):
     """Metadata v13 (its top-level error code) and Fetch v17 and v18 (fields only replicas
     send), the newest a Kafka 4.x client or tool speaks, built and parsed by kafka-python's own

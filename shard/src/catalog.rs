@@ -164,6 +164,9 @@ pub enum CatalogError {
     InvalidReplicaAssignment(String),
     #[error("{0}")]
     InvalidConfig(String),
+    /// Broker configs Kafka defines but does not change at run time (Kafka's own message).
+    #[error("Cannot update these configs dynamically: [{0}]")]
+    NotDynamic(String),
     #[error("storing the catalog in {path}: {detail}")]
     Storage { path: PathBuf, detail: String },
     /// One admin request named the topic more than once (see `handlers::admin`).
@@ -772,8 +775,16 @@ impl Catalog {
         configs: BTreeMap<String, String>,
         validate_only: bool,
     ) -> Result<(), CatalogError> {
+        let fixed: Vec<&str> = configs
+            .keys()
+            .map(String::as_str)
+            .filter(|k| crate::kafka_static_broker_configs::is_static(k))
+            .collect();
+        if !fixed.is_empty() {
+            return Err(CatalogError::NotDynamic(fixed.join(", ")));
+        }
         for (k, v) in &configs {
-            topic_config::validate_broker(k, v).map_err(CatalogError::InvalidConfig)?;
+            topic_config::validate_dynamic_broker(k, v).map_err(CatalogError::InvalidConfig)?;
         }
         if validate_only {
             return Ok(());

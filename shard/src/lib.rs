@@ -17,6 +17,7 @@ pub mod disk;
 pub mod errors;
 pub mod groups;
 mod handlers;
+pub mod kafka_static_broker_configs;
 pub mod leader_claim;
 pub mod mesh;
 pub mod probe;

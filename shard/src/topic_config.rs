@@ -436,6 +436,37 @@ pub const BROKER_DEFAULTS: &[(&str, &str)] = &[
         "min.cleanable.dirty.ratio",
     ),
     ("log.index.interval.bytes", "index.interval.bytes"),
+    // Kafka's other dynamic broker configs that set a topic config's default. Of these, only
+    // `log.message.timestamp.type` (and the timestamp bounds) change what kaas does.
+    ("compression.gzip.level", "compression.gzip.level"),
+    ("compression.lz4.level", "compression.lz4.level"),
+    ("compression.zstd.level", "compression.zstd.level"),
+    ("log.segment.delete.delay.ms", "file.delete.delay.ms"),
+    ("log.local.retention.bytes", "local.retention.bytes"),
+    ("log.local.retention.ms", "local.retention.ms"),
+    ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
+    (
+        "max.decompressed.message.bytes",
+        "max.decompressed.message.bytes",
+    ),
+    (
+        "log.message.timestamp.after.max.ms",
+        "message.timestamp.after.max.ms",
+    ),
+    (
+        "log.message.timestamp.before.max.ms",
+        "message.timestamp.before.max.ms",
+    ),
+    ("log.message.timestamp.type", "message.timestamp.type"),
+    ("min.insync.replicas", "min.insync.replicas"),
+    ("log.preallocate", "preallocate"),
+    ("log.remote.copy.lag.bytes", "remote.copy.lag.bytes"),
+    ("log.remote.copy.lag.ms", "remote.copy.lag.ms"),
+    ("log.index.size.max.bytes", "segment.index.bytes"),
+    (
+        "unclean.leader.election.enable",
+        "unclean.leader.election.enable",
+    ),
 ];
 
 /// The topic config a dynamic broker config sets the default of.
@@ -462,14 +493,52 @@ pub fn broker_key_for_topic(name: &str) -> Option<&'static str> {
 /// for the tools and tests that set them (librdkafka's 0081 sets
 /// `sasl.kerberos.min.time.before.relogin`), DescribeConfigs reports them, and they change
 /// nothing. Refusing them made `kafka-configs --alter` scripts written for Kafka fail.
+/// With [`BROKER_DEFAULTS`] and [`CONNECTION_LIMITS`] this covers every broker config Kafka
+/// 4.4's DescribeConfigs reports as not read-only.
 /// (name, type, Kafka 4.4's default: what DescribeConfigs reports while none is set).
 pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType, Option<&str>)] = &[
-    ("advertised.listeners", ConfigType::String, None),
     ("background.threads", ConfigType::Int, Some("10")),
+    ("config.providers", ConfigType::List, Some("")),
+    ("cordoned.log.dirs", ConfigType::List, Some("")),
+    (
+        "errors.deadletterqueue.auto.create.topics.enable",
+        ConfigType::Boolean,
+        Some("false"),
+    ),
+    (
+        "errors.deadletterqueue.topic.name.prefix",
+        ConfigType::String,
+        Some("dlq."),
+    ),
+    (
+        "follower.fetch.last.tiered.offset.enable",
+        ConfigType::Boolean,
+        Some("false"),
+    ),
     (
         "follower.replication.throttled.rate",
         ConfigType::Long,
         Some("9223372036854775807"),
+    ),
+    (
+        "group.consumer.assignment.interval.ms",
+        ConfigType::Int,
+        Some("1000"),
+    ),
+    (
+        "group.coordinator.cached.buffer.max.bytes",
+        ConfigType::Int,
+        Some("1048588"),
+    ),
+    (
+        "group.share.assignment.interval.ms",
+        ConfigType::Int,
+        Some("1000"),
+    ),
+    (
+        "group.streams.assignment.interval.ms",
+        ConfigType::Int,
+        Some("1000"),
     ),
     (
         "leader.replication.throttled.rate",
@@ -504,6 +573,7 @@ pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType, Option<&str>)] = 
         Some("1.7976931348623157E308"),
     ),
     ("log.cleaner.threads", ConfigType::Int, Some("1")),
+    ("log.roll.jitter.ms", ConfigType::Long, None),
     (
         "max.connection.creation.rate",
         ConfigType::Int,
@@ -528,10 +598,52 @@ pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType, Option<&str>)] = 
     ),
     ("num.replica.fetchers", ConfigType::Int, Some("1")),
     (
+        "principal.builder.class",
+        ConfigType::String,
+        Some("org.apache.kafka.common.security.authenticator.DefaultKafkaPrincipalBuilder"),
+    ),
+    (
         "producer.id.expiration.ms",
         ConfigType::Int,
         Some("86400000"),
     ),
+    ("remote.fetch.max.wait.ms", ConfigType::Int, Some("500")),
+    (
+        "remote.list.offsets.request.timeout.ms",
+        ConfigType::Long,
+        Some("30000"),
+    ),
+    (
+        "remote.log.index.file.cache.total.size.bytes",
+        ConfigType::Long,
+        Some("1073741824"),
+    ),
+    (
+        "remote.log.manager.copier.thread.pool.size",
+        ConfigType::Int,
+        Some("10"),
+    ),
+    (
+        "remote.log.manager.copy.max.bytes.per.second",
+        ConfigType::Long,
+        Some("9223372036854775807"),
+    ),
+    (
+        "remote.log.manager.expiration.thread.pool.size",
+        ConfigType::Int,
+        Some("10"),
+    ),
+    (
+        "remote.log.manager.fetch.max.bytes.per.second",
+        ConfigType::Long,
+        Some("9223372036854775807"),
+    ),
+    (
+        "remote.log.manager.follower.thread.pool.size",
+        ConfigType::Int,
+        Some("2"),
+    ),
+    ("remote.log.reader.threads", ConfigType::Int, Some("10")),
     (
         "replica.alter.log.dirs.io.max.bytes.per.second",
         ConfigType::Long,
@@ -585,6 +697,16 @@ pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType, Option<&str>)] = 
         ConfigType::Double,
         Some("0.05"),
     ),
+    (
+        "sasl.mechanism.inter.broker.protocol",
+        ConfigType::String,
+        Some("GSSAPI"),
+    ),
+    (
+        "share.coordinator.cached.buffer.max.bytes",
+        ConfigType::Int,
+        Some("1048588"),
+    ),
     ("ssl.cipher.suites", ConfigType::List, None),
     ("ssl.client.auth", ConfigType::String, Some("none")),
     (
@@ -597,6 +719,7 @@ pub const BROKER_ACCEPTED_WITHOUT_EFFECT: &[(&str, ConfigType, Option<&str>)] = 
         ConfigType::String,
         Some("https"),
     ),
+    ("ssl.engine.factory.class", ConfigType::String, None),
     ("ssl.key.password", ConfigType::Password, None),
     (
         "ssl.keymanager.algorithm",
@@ -663,6 +786,28 @@ pub fn validate_broker(name: &str, value: &str) -> Result<(), String> {
         format!("Unknown broker config {name}: kaas changes topic defaults ({}) and the connection limits at run time, and accepts Kafka's other dynamic broker configs without effect", BROKER_DEFAULTS.iter().map(|(b, _)| *b).collect::<Vec<_>>().join(", "))
     })?;
     validate(topic_key, value).map_err(|e| e.replace(topic_key, name))
+}
+
+/// Whether kaas knows dynamic broker config `name`: one that sets a topic default, a
+/// connection limit, or one of Kafka's it accepts without effect.
+pub fn is_known_broker_config(name: &str) -> bool {
+    topic_key_for_broker(name).is_some()
+        || CONNECTION_LIMITS.contains(&name)
+        || accepted_without_effect(name).is_some()
+}
+
+/// Validates a config set through AlterConfigs or IncrementalAlterConfigs: one kaas knows
+/// by [`validate_broker`]; one Kafka defines but cannot change at run time is refused by the
+/// caller (`kafka_static_broker_configs`, INVALID_REQUEST); any other name is accepted, as
+/// Kafka accepts and stores a name it does not define (and describes it back as sensitive,
+/// without its value). Refusing such names failed KafkaJS's "alter broker configs" test,
+/// which sets `cleanup.policy` on a broker.
+pub fn validate_dynamic_broker(name: &str, value: &str) -> Result<(), String> {
+    if is_known_broker_config(name) {
+        validate_broker(name, value)
+    } else {
+        Ok(())
+    }
 }
 
 /// A value's syntax by its type alone (no ranges: Kafka's own ranges for the settings kaas
@@ -764,40 +909,6 @@ fn set_layers<'a>(
     out
 }
 
-/// Kafka's broker configs for the topic configs kaas accepts without a broker layer of its own
-/// (topic config, broker config), as Kafka 4.4 names their defaults among the synonyms.
-const KAFKA_DEFAULT_SYNONYMS: &[(&str, &str)] = &[
-    ("compression.gzip.level", "compression.gzip.level"),
-    ("compression.lz4.level", "compression.lz4.level"),
-    ("compression.zstd.level", "compression.zstd.level"),
-    ("file.delete.delay.ms", "log.segment.delete.delay.ms"),
-    ("local.retention.bytes", "log.local.retention.bytes"),
-    ("local.retention.ms", "log.local.retention.ms"),
-    ("max.compaction.lag.ms", "log.cleaner.max.compaction.lag.ms"),
-    (
-        "max.decompressed.message.bytes",
-        "max.decompressed.message.bytes",
-    ),
-    (
-        "message.timestamp.after.max.ms",
-        "log.message.timestamp.after.max.ms",
-    ),
-    (
-        "message.timestamp.before.max.ms",
-        "log.message.timestamp.before.max.ms",
-    ),
-    ("message.timestamp.type", "log.message.timestamp.type"),
-    ("min.insync.replicas", "min.insync.replicas"),
-    ("preallocate", "log.preallocate"),
-    ("remote.copy.lag.bytes", "log.remote.copy.lag.bytes"),
-    ("remote.copy.lag.ms", "log.remote.copy.lag.ms"),
-    ("segment.index.bytes", "log.index.size.max.bytes"),
-    (
-        "unclean.leader.election.enable",
-        "unclean.leader.election.enable",
-    ),
-];
-
 /// The name under which DescribeConfigs lists topic config `name`'s built-in default among
 /// its synonyms, as Kafka 4.4 does: the broker config that sets that default, or none.
 /// `retention.ms` and `segment.ms` have none: Kafka's `log.retention.ms` and `log.roll.ms` have
@@ -808,12 +919,7 @@ pub fn default_synonym(name: &str) -> Option<&'static str> {
     if matches!(name, "retention.ms" | "segment.ms") {
         return None;
     }
-    broker_key_for_topic(name).or_else(|| {
-        KAFKA_DEFAULT_SYNONYMS
-            .iter()
-            .find(|(t, _)| *t == name)
-            .map(|(_, b)| *b)
-    })
+    broker_key_for_topic(name)
 }
 
 /// The effective value of topic config `name`: the topic's override, else the broker's
@@ -1025,10 +1131,10 @@ mod tests {
             "named as Kafka names it"
         );
         assert!(synonyms(&none, &bare, "segment.jitter.ms").is_empty());
-        for (topic, _) in KAFKA_DEFAULT_SYNONYMS {
+        for (broker, topic) in BROKER_DEFAULTS {
             assert!(
                 lookup(topic).is_some(),
-                "{topic} is not a topic config kaas knows"
+                "{broker} sets {topic}, which is not a topic config kaas knows"
             );
         }
     }

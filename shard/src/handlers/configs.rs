@@ -5,7 +5,9 @@
 //! (`log.retention.ms`, `log.segment.bytes`, ... see `topic_config::BROKER_DEFAULTS`) can be
 //! changed at run time and are stored with the topic catalog, as are `max.connections` and
 //! `max.connections.per.ip`; Kafka's other dynamic broker configs are accepted and stored
-//! without effect (`topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT`). As in Kafka, a broker's own
+//! without effect (`topic_config::BROKER_ACCEPTED_WITHOUT_EFFECT`). As in Kafka, a broker
+//! config Kafka defines as static is refused (`kafka_static_broker_configs`), and a name Kafka
+//! does not define is stored and described back as sensitive, without its value. A broker's own
 //! dynamic configs (`--entity-name <id>`) sit above the cluster-wide ones (`--entity-default`),
 //! which sit above the static ones (`--broker-config`).
 
@@ -86,7 +88,14 @@ pub async fn describe_configs(
                 )),
             };
             match described {
-                Ok(configs) => base.with_configs(configs),
+                Ok(mut configs) => {
+                    // Named configs come back in the order asked for (Kafka's order is its
+                    // hash map's; KafkaJS's createTopics test reads two by position).
+                    if let Some(k) = &keys {
+                        configs.sort_by_key(|c| k.iter().position(|n| *n == c.name.as_str()));
+                    }
+                    base.with_configs(configs)
+                }
                 Err((code, message)) => base
                     .with_error_code(code)
                     .with_error_message(Some(s(&message))),
@@ -337,13 +346,27 @@ fn dynamic_entries(
         })
         .collect();
     out.extend(layer.iter().filter_map(|(n, v)| {
-        let limit = topic_config::CONNECTION_LIMITS.contains(&n.as_str());
-        if !limit && topic_config::accepted_without_effect(n).is_none() {
-            return None;
+        if topic_config::topic_key_for_broker(n).is_some() {
+            return None; // listed above
+        }
+        if !topic_config::is_known_broker_config(n) {
+            return Some(unknown_entry(n, source));
         }
         Some(broker_entry(n, v, source, false, doc(n).as_deref()))
     }));
     out
+}
+
+/// A stored broker config kaas does not know, described as Kafka 4.4 describes a name it does
+/// not define: sensitive, without its value, read-only, of type UNKNOWN (0).
+fn unknown_entry(name: &str, source: i8) -> DescribeConfigsResourceResult {
+    DescribeConfigsResourceResult::default()
+        .with_name(s(name))
+        .with_value(None)
+        .with_read_only(true)
+        .with_is_sensitive(true)
+        .with_config_source(source)
+        .with_config_type(0)
 }
 
 fn entry(
