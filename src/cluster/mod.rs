@@ -413,17 +413,24 @@ async fn catalog_reload_loop(shards: Arc<Shards>) {
 
 /// Re-reads the catalog (topics created, grown, deleted or reconfigured by other brokers);
 /// when configs changed, the shards re-apply them to their open logs.
-pub(super) async fn reload_catalog(shards: &Shards) {
+pub(super) async fn reload_catalog(shards: &Shards) -> bool {
     let c = shards.catalog.clone();
     match tokio::task::spawn_blocking(move || c.reload()).await {
         Ok(Ok(true)) => {
             for tx in &shards.control {
                 let _ = tx.send(ControlMsg::ConfigsChanged);
             }
+            true
         }
-        Ok(Ok(false)) => {}
-        Ok(Err(e)) => tracing::warn!("re-reading the topic catalog: {e}"),
-        Err(e) => tracing::warn!("catalog reload task failed: {e}"),
+        Ok(Ok(false)) => true,
+        Ok(Err(e)) => {
+            tracing::warn!("re-reading the topic catalog: {e}");
+            false
+        }
+        Err(e) => {
+            tracing::warn!("catalog reload task failed: {e}");
+            false
+        }
     }
 }
 
@@ -584,11 +591,29 @@ async fn send_to_shards(
         Apply::TakeOver => "take-over",
         Apply::Revalidate => "revalidation",
     };
-    for failures in futures::future::join_all(waits).await {
-        for ((topic, partition), why) in failures {
-            tracing::warn!(%topic, partition, reason = %why, "{what} failed");
-            failed.push(TopicPartition::new(topic, partition));
-        }
+    let mut failures: Vec<_> = futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    // A topic deleted while its partitions were being opened (moments after its creation,
+    // as KafkaJS's suite does) failed to open, here or because another broker removed its
+    // directory first: nothing is left to serve or to retry, and the next assignment drops
+    // it. Each used to be a WARN, then a retry and another WARN every second until then.
+    // Only a catalog read now can tell: the assignment named the topic, so it existed.
+    if kind != Apply::Relinquish && !failures.is_empty() && reload_catalog(shards).await {
+        let catalog = shards.catalog.snapshot();
+        failures.retain(|((topic, partition), why)| {
+            let deleted = catalog.get(topic).is_none();
+            if deleted {
+                tracing::debug!(%topic, partition, reason = %why, "{what} dropped: the topic was deleted meanwhile");
+            }
+            !deleted
+        });
+    }
+    for ((topic, partition), why) in failures {
+        tracing::warn!(%topic, partition, reason = %why, "{what} failed");
+        failed.push(TopicPartition::new(topic, partition));
     }
     failed
 }
