@@ -775,10 +775,19 @@ impl Catalog {
         configs: BTreeMap<String, String>,
         validate_only: bool,
     ) -> Result<(), CatalogError> {
+        // A static name already stored with the same value (`advertised.listeners`, which an
+        // earlier kaas accepted) is not a change: refusing it would block every later change
+        // to the scope until it was deleted.
+        let stored = match scope {
+            BrokerScope::Default => self.broker_configs(),
+            BrokerScope::Broker(_) => self.own_broker_configs(),
+        };
         let fixed: Vec<&str> = configs
-            .keys()
-            .map(String::as_str)
-            .filter(|k| crate::kafka_static_broker_configs::is_static(k))
+            .iter()
+            .filter(|(k, v)| {
+                crate::kafka_static_broker_configs::is_static(k) && stored.get(*k) != Some(*v)
+            })
+            .map(|(k, _)| k.as_str())
             .collect();
         if !fixed.is_empty() {
             return Err(CatalogError::NotDynamic(fixed.join(", ")));
@@ -1086,6 +1095,44 @@ mod tests {
         assert_eq!(std::fs::read(meta.join("cluster.json")).unwrap(), bytes);
         let second = c.allocate_producer_id().unwrap();
         assert!(second > first, "{second} after {first}");
+    }
+
+    // A config Kafka cannot change at run time is refused, but one stored by an earlier
+    // version that accepted it does not block the other changes of its scope.
+    #[test]
+    fn a_static_kafka_config_is_refused_unless_it_is_already_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        c.set_broker_id(0).unwrap();
+        let listeners = (
+            "advertised.listeners".to_string(),
+            "PLAINTEXT://a:9092".to_string(),
+        );
+        let refused = c.set_broker_configs(
+            BrokerScope::Broker(0),
+            BTreeMap::from([listeners.clone()]),
+            false,
+        );
+        assert_eq!(
+            refused,
+            Err(CatalogError::NotDynamic("advertised.listeners".into()))
+        );
+        // As an earlier kaas stored it.
+        let path = dir.path().join("__meta").join(BROKER_CONFIGS_BY_ID);
+        let stored = BTreeMap::from([("0".to_string(), BTreeMap::from([listeners.clone()]))]);
+        store_json(&path, &stored).unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        c.set_broker_id(0).unwrap();
+        let more = BTreeMap::from([
+            listeners.clone(),
+            ("log.retention.ms".to_string(), "1000".to_string()),
+        ]);
+        c.set_broker_configs(BrokerScope::Broker(0), more, false)
+            .expect("an unchanged stored value is not a change");
+        let changed = BTreeMap::from([(listeners.0.clone(), "PLAINTEXT://b:9092".to_string())]);
+        assert!(c
+            .set_broker_configs(BrokerScope::Broker(0), changed, false)
+            .is_err());
     }
 
     // A broker's own dynamic config (`--entity-name 0`) applies to that broker only, above the
