@@ -25,6 +25,7 @@ import random
 import threading
 import time
 
+from confluent_kafka.admin import NewTopic
 from kcheck import admin, create_topic, unique_topic
 from kcluster import make_cluster  # noqa: F401  (the fixture)
 from kwire import connect, produce_request, record_batch, recv_frame
@@ -152,7 +153,6 @@ def test_a_topic_deleted_as_its_partitions_are_taken_over_is_no_failed_take_over
     deletion to land in it."""
     c = make_cluster(3)
     a = admin(c.nodes[0].bootstrap)
-    from confluent_kafka.admin import NewTopic
     for _ in range(ROUNDS):
         name = unique_topic("deleted-at-take-over")
         a.create_topics([NewTopic(name, num_partitions=4 * PARTITIONS)])[name].result(15)

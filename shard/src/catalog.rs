@@ -777,7 +777,8 @@ impl Catalog {
     ) -> Result<(), CatalogError> {
         // A static name already stored with the same value (`advertised.listeners`, which an
         // earlier kaas accepted) is not a change: refusing it would block every later change
-        // to the scope until it was deleted.
+        // to the scope until it was deleted. (A broker alters only its own entry, whose
+        // stored copy is in memory; `handlers::configs::this_broker`.)
         let stored = match scope {
             BrokerScope::Default => self.broker_configs(),
             BrokerScope::Broker(_) => self.own_broker_configs(),

@@ -412,7 +412,8 @@ async fn catalog_reload_loop(shards: Arc<Shards>) {
 }
 
 /// Re-reads the catalog (topics created, grown, deleted or reconfigured by other brokers);
-/// when configs changed, the shards re-apply them to their open logs.
+/// when configs changed, the shards re-apply them to their open logs. Returns whether the
+/// catalog was read (the snapshot is then current).
 pub(super) async fn reload_catalog(shards: &Shards) -> bool {
     let c = shards.catalog.clone();
     match tokio::task::spawn_blocking(move || c.reload()).await {
