@@ -49,6 +49,7 @@ ROOT = CACHE / f"kafka-python-{VERSION}"
 SRC = ROOT / "src"
 DEPS = ROOT / "deps"
 CONFTEST = HERE / "kafka_python_conftest.py"
+CLIENT_FIXES = HERE / "kafka_python_client_fixes.py"
 SUITE_DIR = "test/integration"
 
 
@@ -104,8 +105,9 @@ def prepare() -> Path:
         _extract(_sdist())
     (SRC / "test" / "__init__.py").touch()  # upstream has it; the sdist leaves it out
     conftest = SRC / "test" / "conftest.py"
-    if not conftest.exists() or conftest.read_bytes() != CONFTEST.read_bytes():
-        shutil.copyfile(CONFTEST, conftest)
+    for ours, theirs in ((CONFTEST, conftest), (CLIENT_FIXES, SRC / "test" / "kaas_client_fixes.py")):
+        if not theirs.exists() or theirs.read_bytes() != ours.read_bytes():
+            shutil.copyfile(ours, theirs)
     _codec_deps()
     return SRC
 

@@ -22,9 +22,11 @@ file supplies, is:
 Setting KAFKA_URI also makes upstream skip `test_sasl_integration.py` (its own
 `pytestmark`: "Testing on external Kafka Broker").
 
-One change to the client under test: a lost-metadata-update race in kafka-python 3.0.12's
-ClusterMetadata is closed (see the comment at `_update_metadata`), because it failed a random
-consumer test in about 40 % of suite runs whatever the broker answered.
+Two changes to the client under test (kafka_python_client_fixes.py, copied here as
+`test/kaas_client_fixes.py`): a lost metadata update in ClusterMetadata, which failed a random
+consumer test in about 40 % of suite runs, and a rebalance that poll()'s timeout leaves
+unfinished for good, which stalled test_describe_group_exists in a CI run on a cluster. Both
+stall the client whatever the broker answers (the second reproduced against Kafka 4.4 too).
 KAAS_KAFKA_PYTHON_RAW_CLIENT=1 runs the client unchanged.
 """
 
@@ -109,39 +111,13 @@ def _zookeeper_open(self):
 _fixtures.ZookeeperFixture.open = _zookeeper_open
 
 
-# -- kafka-python 3.0.12 client race ------------------------------------------------------------
-# ClusterMetadata.update_metadata (kafka/cluster.py) ends with `_need_update = len(_retry_topics)
-# > 0`. A consumer subscribes (in its constructor, or subscribe() right after) while its bootstrap
-# MetadataRequest(topics=[]) is in flight; when that request_update() lands between the response's
-# arrival and update_metadata, the update for the new topic is dropped: the next refresh is
-# metadata_max_age_ms (300 s) away, the consumer never learns the topic's partitions and the test
-# sees no records (test_end_to_end, test_idempotent_producer_max_in_flight,
-# test_kafka_consumer_unsupported_encoding, test_kafka_consumer_max_bytes_simple, ... — any
-# consumer; one or more in 7 of 17 suite runs against kaas on a 2-core machine). The log shows
-# "Subscribed to topic(s)" (or "Updating subscribed topics") between "Metadata refresh: success"
-# and "Updated metadata: ... topics: 0". The broker answered what it was asked. An earlier
-# kafka-python ClusterMetadata (the kafka.conn-based one) kept the flag set unless the response
-# covered every tracked topic; this does the same (one more Metadata request, retry_backoff_ms
-# later), so that the suite tests the broker and not this race. KAAS_KAFKA_PYTHON_RAW_CLIENT=1
-# leaves it out.
+# -- kafka-python 3.0.12 client races ------------------------------------------------------------
+# test/kaas_client_fixes.py is tests/suites/kafka_python_client_fixes.py, copied next to this file
+# by tests/suites/kafka_python.py; its docstring and comments say what each fix closes and why.
 if os.environ.get("KAAS_KAFKA_PYTHON_RAW_CLIENT", "") in ("", "0"):
-    from kafka.cluster import ClusterMetadata
+    from test import kaas_client_fixes
 
-    _upstream_update_metadata = ClusterMetadata.update_metadata
-
-    def _update_metadata(self, metadata):
-        answered = {t.name for t in getattr(metadata, "topics", None) or ()}
-        result = _upstream_update_metadata(self, metadata)
-        if not self.need_all_topic_metadata and not self._topics.issubset(answered):
-            with self._lock:
-                if not self._need_update:
-                    logging.getLogger("kaas.suite").info(
-                        "kafka-python race: metadata response lacks subscribed %s; refreshing"
-                        " again", sorted(self._topics - answered))
-                self._need_update = True
-        return result
-
-    ClusterMetadata.update_metadata = _update_metadata
+    kaas_client_fixes.apply()
 
 
 def pytest_report_header(config):
