@@ -584,7 +584,14 @@ state = "{self.root}/containerd/state"
             # a test machine's disk may be fuller than a node's: never evict for it here
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
                              "imagefs.available": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99}))
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            # A changed Secret or ConfigMap reaches a running pod's volume when the kubelet next
+            # syncs that pod: every minute by default, plus jitter. The prometheus-operator
+            # test swaps a ServiceMonitor for a PodMonitor and waits for the operator's
+            # Prometheus to read the new configuration Secret; at the default that took 70-90 s
+            # and in a CI run more than its 120 s (an intermediate configuration with both
+            # monitors stayed projected). Every 10 s here, as a test node can afford.
+            "syncFrequency": "10s"}))
         self._spawn("kubelet", [
             KUBE_DIR / "kubelet", "--config", config, "--kubeconfig", self.kubeconfig,
             "--hostname-override", NODE_NAME, "--node-ip", NODE_IP,

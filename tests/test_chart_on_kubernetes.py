@@ -662,13 +662,24 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
         report(f"chart on Kubernetes: prometheus-operator's Prometheus ready in"
                f" {time.monotonic() - started:.0f}s")
 
+        def targets() -> str:
+            # what Prometheus scrapes, for a failure's message: pool, health, job, pod
+            return "\n".join(
+                f"target: {t['scrapePool']} {t['health']} job={t['labels'].get('job')}"
+                f" pod={t['labels'].get('pod')} {t.get('lastError', '')}"
+                for t in prometheus_api(address, "targets")["activeTargets"])
+
         def scraped(pool: str):
             targets = prometheus_api(address, "targets")["activeTargets"]
             up = [t for t in targets if t["scrapePool"].startswith(pool) and t["health"] == "up"
                   and t["labels"].get("job") == "kaas" and t["labels"].get("pod") == f"{RELEASE}-0"]
             return up if len(up) == 1 and len(targets) == 1 else None
-        wait(lambda: scraped(f"serviceMonitor/default/{RELEASE}/"), 120,
-             "the broker scraped through the ServiceMonitor as job kaas")
+
+        def wait_scraped(pool: str, what: str):
+            return poll(lambda: scraped(pool), 120, what, 1,
+                        lambda: targets() + "\n" + describe(node))
+        wait_scraped(f"serviceMonitor/default/{RELEASE}/",
+                     "the broker scraped through the ServiceMonitor as job kaas")
 
         rules = rule_count()
 
@@ -688,8 +699,10 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
         helm(node, "upgrade", RELEASE, CHART, "--wait", "--timeout", INSTALL_TIMEOUT, "-f", _values(
             tmp_path, {"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": monitor,
                                    "prometheusRule": {"enabled": True, "labels": STACK_LABEL}}}))
-        wait(lambda: scraped(f"podMonitor/default/{RELEASE}/"), 120,
-             "the broker scraped through the PodMonitor alone")
+        swapped = time.monotonic()
+        wait_scraped(f"podMonitor/default/{RELEASE}/", "the broker scraped through the PodMonitor alone")
+        report(f"chart on Kubernetes: scraped through the PodMonitor alone {time.monotonic() - swapped:.0f}s"
+               f" after the upgrade")
     finally:
         node.kubectl("delete", "prometheus", "stack", "--wait=true", "--timeout=60s", check=False,
                      timeout=90)
