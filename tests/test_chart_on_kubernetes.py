@@ -664,10 +664,13 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
 
         def targets() -> str:
             # what Prometheus scrapes, for a failure's message: pool, health, job, pod
+            try:
+                active = prometheus_api(address, "targets")["activeTargets"]
+            except (OSError, ValueError, KeyError) as e:
+                return f"(Prometheus's targets unreadable: {e})"
             return "\n".join(
                 f"target: {t['scrapePool']} {t['health']} job={t['labels'].get('job')}"
-                f" pod={t['labels'].get('pod')} {t.get('lastError', '')}"
-                for t in prometheus_api(address, "targets")["activeTargets"])
+                f" pod={t['labels'].get('pod')} {t.get('lastError', '')}" for t in active)
 
         def scraped(pool: str):
             targets = prometheus_api(address, "targets")["activeTargets"]
