@@ -650,8 +650,8 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
     started = time.monotonic()
     node.apply(operator_and_prometheus())
 
-    def wait(check, timeout: float, what: str):
-        return poll(check, timeout, what, 1, lambda: describe(node))
+    def wait(check, timeout: float, what: str, first=lambda: ""):
+        return poll(check, timeout, what, 1, lambda: first() + describe(node))
     try:
         def prometheus_ip() -> str | None:
             pod = json.loads(node.kubectl("get", "pod", "prometheus-stack-0", "-o", "json",
@@ -679,8 +679,7 @@ def test_prometheus_operator_scrapes_the_brokers_and_loads_the_alert_rules(node,
             return up if len(up) == 1 and len(targets) == 1 else None
 
         def wait_scraped(pool: str, what: str):
-            return poll(lambda: scraped(pool), 120, what, 1,
-                        lambda: targets() + "\n" + describe(node))
+            return wait(lambda: scraped(pool), 120, what, lambda: targets() + "\n")
         wait_scraped(f"serviceMonitor/default/{RELEASE}/",
                      "the broker scraped through the ServiceMonitor as job kaas")
 

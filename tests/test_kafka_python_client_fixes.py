@@ -17,6 +17,7 @@ from pathlib import Path
 from kafka import KafkaConsumer
 from kafka.coordinator.base import MemberState
 
+from conftest import poll
 from kcheck import create_topic, unique_topic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "suites"))
@@ -47,15 +48,11 @@ def test_a_consumer_polling_with_a_short_timeout_finishes_the_rebalance_its_topi
             poller.start()
             time.sleep(1.0)  # the member joins with nothing to consume
             create_topic(b.bootstrap, topic, 4)
-            deadline = time.monotonic() + STABLE_WITHIN_S
-            while time.monotonic() < deadline:
-                if consumer.group_metadata().state == MemberState.STABLE and consumer.assignment():
-                    break
-                time.sleep(0.2)
-            state, assigned = consumer.group_metadata().state, consumer.assignment()
-            assert state == MemberState.STABLE and len(assigned) == 4, (
-                f"the consumer did not finish the rebalance its new topic started within"
-                f" {STABLE_WITHIN_S}s: state {state}, assigned {sorted(assigned)}")
+            poll(lambda: consumer.group_metadata().state == MemberState.STABLE
+                 and len(consumer.assignment()) == 4, STABLE_WITHIN_S,
+                 "the consumer to finish the rebalance its new topic started", 0.2,
+                 lambda: f"state {consumer.group_metadata().state},"
+                         f" assigned {sorted(consumer.assignment())}")
         finally:
             stop.set()
             if poller.is_alive():
