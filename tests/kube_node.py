@@ -38,6 +38,7 @@ import signal
 import struct
 import subprocess
 import tarfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -54,6 +55,10 @@ SERVICE_CIDR = "10.96.0.0/24"
 API_SERVICE_IP = "10.96.0.1"
 NODE_NAME = "kaas-node"
 KUBELET_ROOT = Path("/var/lib/kubelet")
+# The kubelet's default `podLogsDir`: one directory per pod, `<namespace>_<name>_<uid>`, deleted
+# with the pod.
+POD_LOGS = Path("/var/log/pods")
+CONTAINER_LOGS = Path("/var/log/containers")  # the kubelet's links into POD_LOGS
 # Written into KUBELET_ROOT: what a killed run left there may be removed by the next.
 MARKER = KUBELET_ROOT / ".kaas-test-node"
 # The containerd socket's name, by which its shims are found (see _clean_machine).
@@ -657,6 +662,34 @@ state = "{self.root}/containerd/state"
     def pod_log(self, pod: str) -> str:
         return self.kubectl("logs", pod, "--all-containers", check=False)
 
+    @contextlib.contextmanager
+    def pod_logs_kept(self, dest: Path, name_prefix: str, every: float = 1.0):
+        """Copies the logs of every pod in `default` whose name starts with `name_prefix` to
+        `dest` (one directory per pod and uid) every `every` seconds while the block runs, and
+        once more at its end: the kubelet deletes a pod's log with the pod, so without this
+        a rolling upgrade's failure could only be read in the logs of the pods that replaced
+        the ones that misbehaved."""
+        stop = threading.Event()
+
+        def copy() -> None:
+            for pod_dir in POD_LOGS.glob(f"default_{name_prefix}*"):
+                with contextlib.suppress(OSError):  # the pod went while this copied it
+                    shutil.copytree(pod_dir, dest / pod_dir.name, dirs_exist_ok=True)
+
+        def run() -> None:
+            while not stop.wait(every):
+                copy()
+
+        dest.mkdir(parents=True, exist_ok=True)
+        copier = threading.Thread(target=run, name="pod-logs", daemon=True)
+        copier.start()
+        try:
+            yield dest
+        finally:
+            stop.set()
+            copier.join(timeout=30)
+            copy()
+
     # -- stop
     def close(self) -> None:
         """Stop every pod, then every process, remove what they left on the machine and put
@@ -739,3 +772,6 @@ state = "{self.root}/containerd/state"
         _run("ip", "link", "del", BRIDGE, check=False)
         if MARKER.exists():
             shutil.rmtree(KUBELET_ROOT, ignore_errors=True)
+            # The pods' logs: a later node would otherwise find (and a test keep) this one's.
+            shutil.rmtree(POD_LOGS, ignore_errors=True)
+            shutil.rmtree(CONTAINER_LOGS, ignore_errors=True)

@@ -20,7 +20,9 @@ import os
 import re
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -135,7 +137,40 @@ def describe(node: kube_node.KubeNode) -> str:
     for pod in pods:
         out.append(f"--- logs of {pod}\n" + node.kubectl("logs", pod, "--all-containers",
                                                          "--tail=30", check=False))
+    out += [f"--- /healthz of {name}, cluster mode: {health}"
+            for name, health in broker_cluster_health(node).items()]
     return "\n".join(out)
+
+
+def broker_cluster_health(node: kube_node.KubeNode) -> dict[str, str]:
+    """Each broker pod's view of the cluster from its /healthz (controller, assignment
+    version, partitions assigned and led, write fence) and the errors it answered Produce with
+    (/metrics): what tells a broker that refuses writes from one that is not asked. Pod IPs
+    are reachable from the node."""
+    out = {}
+    try:
+        pods = broker_pods(node)
+    except (subprocess.SubprocessError, ValueError) as e:
+        return {"(pods)": f"cannot list: {e}"}
+    for name, pod in sorted(pods.items()):
+        ip = pod.get("status", {}).get("podIP")
+        try:
+            try:
+                with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=3) as r:
+                    body = r.read()
+            except urllib.error.HTTPError as e:  # 503 when degraded: the body says why
+                body = e.read()
+            cluster = json.loads(body).get("cluster", {})
+            cluster["brokers"] = " ".join(f"{b['id']}:{b['health']}"
+                                          for b in cluster.get("brokers") or [])
+            out[name] = json.dumps(cluster, separators=(",", ":"))
+            with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=3) as r:
+                refused = [line for line in r.read().decode().splitlines()
+                           if line.startswith("kaas_response_errors") and "Produce" in line]
+            out[name] += "; produce errors: " + (", ".join(refused) or "none")
+        except (OSError, ValueError) as e:
+            out[name] = out.get(name, "") + f" unreadable ({e})"
+    return out
 
 
 def persistent_volume(node: kube_node.KubeNode, name: str, modes: list[str]) -> dict:
@@ -172,8 +207,11 @@ def wait_running(node: kube_node.KubeNode, name: str, timeout: float = 60) -> No
         time.sleep(0.5)
 
 
-def finish_kcat(node: kube_node.KubeNode, name: str, timeout: float = 120) -> str:
-    """Wait for a kcat pod to end and return its log; fails if it failed."""
+def finish_kcat(node: kube_node.KubeNode, name: str, timeout: float = 120,
+                keep: Path | None = None) -> str:
+    """Wait for a kcat pod to end and return its log; fails if it failed. With `keep`, the
+    whole log is also written there, and a failure shows it without librdkafka's debug lines
+    (`-d`), which say where to look."""
     deadline = time.monotonic() + timeout
     phase = ""
     while time.monotonic() < deadline:
@@ -183,8 +221,24 @@ def finish_kcat(node: kube_node.KubeNode, name: str, timeout: float = 120) -> st
         time.sleep(1)
     log = node.pod_log(name)
     node.kubectl("delete", "pod", name, "--wait=false")
-    assert phase == "Succeeded", f"pod {name} {phase or 'did not finish'}:\n{log}\n{describe(node)}"
+    shown = log
+    if keep is not None:
+        keep.write_text(log)
+        shown = "\n".join(line for line in log.splitlines() if not line.startswith("%7|"))
+        shown += (f"\n(the whole log, with librdkafka's debug lines: {keep}; what else the test"
+                  " kept is beside it)")
+    assert phase == "Succeeded", \
+        f"pod {name} {phase or 'did not finish'}:\n{condensed(shown)}\n{describe(node)}"
     return log
+
+
+def condensed(log: str) -> str:
+    """`log` with each repeated line shown once, where it first appears, with its count: a
+    producer that gave up prints one line per record, which would push the brokers' logs out of
+    what CI shows of a failure."""
+    counts = Counter(log.splitlines())
+    return "\n".join(line if counts[line] == 1 else f"{line}  (x{counts[line]})"
+                     for line in dict.fromkeys(log.splitlines()))
 
 
 def kcat(node: kube_node.KubeNode, name: str, script: str, timeout: float = 120,
@@ -390,19 +444,24 @@ def test_a_rolling_upgrade_of_a_cluster_loses_and_duplicates_nothing(node, relea
          "--timeout", INSTALL_TIMEOUT)
     before = {name: p["metadata"]["uid"] for name, p in wait_ready(node, 3).items()}
     n = 1500
-    start_kcat(node, "produce-during-upgrade",
-               f"for i in $(seq 1 {n}); do echo rolling-$i; sleep 0.05; done | kcat -P -b"
-               f" {BOOTSTRAP} -t rolling -X acks=all -X enable.idempotence=true")
-    wait_running(node, "produce-during-upgrade")
-    time.sleep(3)
-    started = time.monotonic()
-    values["podAnnotations"] = {"kaas.test/rolled": str(time.time_ns())}
-    helm(node, "upgrade", RELEASE, CHART, "-f", _values(tmp_path, values), "--wait",
-         "--timeout", "400s", timeout=450)
-    wait_ready(node, 3, replaced=before)
-    report(f"chart on Kubernetes: rolling upgrade of 3 brokers in {time.monotonic() - started:.0f}s"
-           " while producing")
-    finish_kcat(node, "produce-during-upgrade", timeout=300)
+    # The brokers' logs, the replaced ones' too, and the producer's with the debug contexts that
+    # say which broker it sent each partition's batches to and what came back: what a failure
+    # here (once in about ten CI runs, a partition never written) needs to be explained.
+    with node.pod_logs_kept(tmp_path / "broker-logs", f"{RELEASE}-"):
+        start_kcat(node, "produce-during-upgrade",
+                   f"for i in $(seq 1 {n}); do echo rolling-$i; sleep 0.05; done | kcat -P -b"
+                   f" {BOOTSTRAP} -t rolling -X acks=all -X enable.idempotence=true"
+                   " -d eos,topic,broker,msg")
+        wait_running(node, "produce-during-upgrade")
+        time.sleep(3)
+        started = time.monotonic()
+        values["podAnnotations"] = {"kaas.test/rolled": str(time.time_ns())}
+        helm(node, "upgrade", RELEASE, CHART, "-f", _values(tmp_path, values), "--wait",
+             "--timeout", "400s", timeout=450)
+        wait_ready(node, 3, replaced=before)
+        report(f"chart on Kubernetes: rolling upgrade of 3 brokers in"
+               f" {time.monotonic() - started:.0f}s while producing")
+        finish_kcat(node, "produce-during-upgrade", timeout=300, keep=tmp_path / "producer.log")
     assert_read_back_once(node, "rolling", {"rolling": n})
 
 
