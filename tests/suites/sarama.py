@@ -162,7 +162,19 @@ def test_output(out: str, test: str, limit: int = 3000) -> str:
         if current == test or re.match(rf"^\s*--- \w+: {re.escape(test)}\b", line):
             mine.append(line)
     text = "\n".join(mine) if mine else out
-    return text[-limit:]
+    if len(text) <= limit:
+        return text
+    # The tail alone can cut off the line that says why the test failed: a test's t.Error,
+    # testify and panic lines land wherever they fell among its log lines. They go first.
+    reasons = "\n".join(line for line in text.splitlines() if FAILURE_REASON.search(line))
+    reasons = reasons[:limit // 2]
+    return f"{reasons}\n[…]\n{text[-(limit - len(reasons)):]}" if reasons else text[-limit:]
+
+
+# What Go's testing and testify print where a test fails: `x_test.go:41: unexpected …`,
+# testify's "Error Trace:" / "Error:" / "Messages:" lines, a panic.
+FAILURE_REASON = re.compile(
+    r"_test\.go:\d+: .*(?i:error|unexpected|fail)|^\s*(Error Trace|Error|Messages):|^panic:")
 
 
 if __name__ == "__main__":
