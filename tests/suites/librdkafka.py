@@ -46,8 +46,9 @@ skip its latency test (0055) on CI, and the results should not depend on where t
 expected-librdkafka.txt is the ratchet (the format of expected-franz-go.txt, read by
 franz_go.load_expected): `PASS <test>` must pass, `UNSUPPORTED <test> <why>` is not required.
 A PASS line whose comment contains `LONG` names a test that passes but is too slow for the
-default run (which stays within about 6 minutes); KAAS_LONG_TESTS=1 runs those and the excluded
-ones too, to notice new passes.
+default run (which stays within about 6 minutes), or one that times the client alone, with no
+broker, and fails when CI's parallel suites starve the CPU; KAAS_LONG_TESTS=1 runs those and the
+excluded ones too, to notice new passes.
 """
 
 from __future__ import annotations
