@@ -671,10 +671,16 @@ state = "{self.root}/containerd/state"
         the ones that misbehaved."""
         stop = threading.Event()
 
+        def copy_if_changed(src: str, dst: str) -> None:
+            # copy2 keeps the mtime, so a log that has not grown since is not copied again
+            if not os.path.exists(dst) or os.stat(src).st_mtime_ns != os.stat(dst).st_mtime_ns:
+                shutil.copy2(src, dst)
+
         def copy() -> None:
             for pod_dir in POD_LOGS.glob(f"default_{name_prefix}*"):
                 with contextlib.suppress(OSError):  # the pod went while this copied it
-                    shutil.copytree(pod_dir, dest / pod_dir.name, dirs_exist_ok=True)
+                    shutil.copytree(pod_dir, dest / pod_dir.name, dirs_exist_ok=True,
+                                    copy_function=copy_if_changed)
 
         def run() -> None:
             while not stop.wait(every):

@@ -152,21 +152,22 @@ def broker_cluster_health(node: kube_node.KubeNode) -> dict[str, str]:
         pods = broker_pods(node)
     except (subprocess.SubprocessError, ValueError) as e:
         return {"(pods)": f"cannot list: {e}"}
+    def read(ip: str, path: str) -> bytes:
+        try:
+            with urllib.request.urlopen(f"http://{ip}:8080{path}", timeout=3) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:  # /healthz is 503 when degraded: the body says why
+            return e.read()
+
     for name, pod in sorted(pods.items()):
         ip = pod.get("status", {}).get("podIP")
         try:
-            try:
-                with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=3) as r:
-                    body = r.read()
-            except urllib.error.HTTPError as e:  # 503 when degraded: the body says why
-                body = e.read()
-            cluster = json.loads(body).get("cluster", {})
+            cluster = json.loads(read(ip, "/healthz")).get("cluster", {})
             cluster["brokers"] = " ".join(f"{b['id']}:{b['health']}"
                                           for b in cluster.get("brokers") or [])
             out[name] = json.dumps(cluster, separators=(",", ":"))
-            with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=3) as r:
-                refused = [line for line in r.read().decode().splitlines()
-                           if line.startswith("kaas_response_errors") and "Produce" in line]
+            refused = [line for line in read(ip, "/metrics").decode().splitlines()
+                       if line.startswith("kaas_response_errors") and "Produce" in line]
             out[name] += "; produce errors: " + (", ".join(refused) or "none")
         except (OSError, ValueError) as e:
             out[name] = out.get(name, "") + f" unreadable ({e})"
@@ -236,9 +237,8 @@ def condensed(log: str) -> str:
     """`log` with each repeated line shown once, where it first appears, with its count: a
     producer that gave up prints one line per record, which would push the brokers' logs out of
     what CI shows of a failure."""
-    counts = Counter(log.splitlines())
-    return "\n".join(line if counts[line] == 1 else f"{line}  (x{counts[line]})"
-                     for line in dict.fromkeys(log.splitlines()))
+    counts = Counter(log.splitlines())  # keeps first-seen order
+    return "\n".join(line if n == 1 else f"{line}  (x{n})" for line, n in counts.items())
 
 
 def kcat(node: kube_node.KubeNode, name: str, script: str, timeout: float = 120,
