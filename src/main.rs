@@ -163,6 +163,13 @@ struct Args {
     /// Cluster mode: how long a SIGTERM waits for this broker's partitions to move away.
     #[arg(long, env = "KAAS_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
     drain_timeout_ms: u64,
+    /// Cluster mode, read by the controller: for this long after a broker (re)starts, the
+    /// balancer gives it no partition another alive broker leads (it may take those whose
+    /// leader is gone), so clients that just lost it are not sent straight back; then it gets
+    /// its even share. Kafka leaves this to its preferred-leader election, every 300 s. 0
+    /// evens out at once.
+    #[arg(long, env = "KAAS_REBALANCE_HOLD_MS", default_value_t = 30_000)]
+    rebalance_hold_ms: u64,
     /// Log filter (tracing-subscriber EnvFilter syntax), e.g. "info" or "kaas_shard=debug".
     #[arg(long, env = "KAAS_LOG", default_value = "info", value_parser = parse_log_filter)]
     log: String,
@@ -287,6 +294,7 @@ fn cluster_config(
         },
         // Five statuses per fence: a few may be lost or late before writes stop.
         status_interval: fence / 5,
+        rebalance_hold: Duration::from_millis(args.rebalance_hold_ms),
         data_dir: args.data_dir.clone(),
         advertised: (config.advertised_host.clone(), config.advertised_port),
         key: kaas_control::heartbeat::auth::ClusterKey::load(

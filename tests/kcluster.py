@@ -69,6 +69,9 @@ class Node:
             "--heartbeat-listen", f"127.0.0.1:{self.heartbeat_port}",
             "--shards", "1", *self.cluster.lease_args,
             "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
+            # Tests that restart brokers and wait for an even spread do not wait out the
+            # production hold; test_cluster_rebalance_hold.py tests the hold itself.
+            "--rebalance-hold-ms", str(self.cluster.rebalance_hold_ms),
             *(["--auto-create-topics", "true", "--num-partitions", str(self.cluster.auto_create)]
               if self.cluster.auto_create else ["--auto-create-topics", "false"]),
             # KAAS_TEST_BROKER_LOG: a debug filter for a run that needs one.
@@ -169,12 +172,14 @@ class Cluster:
 
     def __init__(self, root: Path, n: int, extra_args=(), auto_create: int = 0,
                  env: dict[str, str] | None = None, racks: list[str] | None = None,
-                 first_id: int = 0, lease_args=tuple(LEASE_ARGS)):
+                 first_id: int = 0, lease_args=tuple(LEASE_ARGS), rebalance_hold_ms: int = 0):
         """`auto_create`: create unknown topics with this many partitions (0: don't);
         `racks`: the i-th broker's `--rack`; `first_id`: the first broker's id (the others
         follow it); `lease_args`: the Lease timings (default: short ones, for quick
-        failovers; `()` for the binary's own, as the chart runs it)."""
+        failovers; `()` for the binary's own, as the chart runs it); `rebalance_hold_ms`:
+        how long a restarted broker gets no partition another broker leads (default none)."""
         self.lease_args = list(lease_args)
+        self.rebalance_hold_ms = rebalance_hold_ms
         self.auto_create = auto_create
         self.racks = list(racks or [])
         self.env = dict(env or {})
@@ -326,9 +331,10 @@ def make_cluster(tmp_path):
     """Starts clusters for one test; every broker is killed at teardown."""
     made: list[Cluster] = []
 
-    def factory(n: int = 3, extra_args=(), racks=None, lease_args=tuple(LEASE_ARGS)) -> Cluster:
+    def factory(n: int = 3, extra_args=(), racks=None, lease_args=tuple(LEASE_ARGS),
+                rebalance_hold_ms: int = 0) -> Cluster:
         c = Cluster(tmp_path / f"cluster{len(made)}", n, extra_args, racks=racks,
-                    lease_args=lease_args)
+                    lease_args=lease_args, rebalance_hold_ms=rebalance_hold_ms)
         made.append(c)
         _CLUSTERS.append(c)
         c.start()

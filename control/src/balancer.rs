@@ -38,6 +38,22 @@
 //! unpinned partitions, so a topic's spread is at most one where the pins leave a partner to
 //! swap with. Without pins every guarantee below holds exactly.
 //!
+//! **Settling brokers** (alive for less than the controller's `--rebalance-hold-ms`, see
+//! `kaas_control::round`) keep what they lead and may be given partitions that have no alive
+//! leader (step 2), but no step moves a partition another alive broker leads onto them: step 3
+//! gives a settling broker at or below its even share exactly what it has, and shares the rest
+//! among the others; steps 4 and 5 leave settling brokers out (they neither give nor take), so
+//! step 4's argument below holds among the others, and a plan recomputed while the same
+//! brokers settle moves nothing.
+//! Why: a broker that just started is one clients have just lost. librdkafka 2.0.2 can leave
+//! a partition for good on a broker that no longer leads it when Metadata names A, then B,
+//! then A again before its thread for A let go of the partition — exactly what handing a
+//! restarted broker its partitions back within a second does (its new address may not even
+//! answer yet in a client that dials the old one). Kafka leaves the same choice to its
+//! periodic preferred-leader election (`leader.imbalance.check.interval.seconds`, 300 s).
+//! While a broker settles, the even spread of steps 3 and 4 holds among the others only; the
+//! first plan after it settled restores it.
+//!
 //! Why a recompute with unchanged inputs moves nothing: steps 1–2 keep everything, step 3 finds
 //! no surplus, and steps 4–5 only act on states from which an improving swap exists — their own
 //! output is a state where none does.
@@ -51,7 +67,7 @@
 //! `ten_thousand_partitions_over_twenty_brokers`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 pub use kaas_model::{BrokerId, LeaderMap, TopicPartition};
 
@@ -123,6 +139,19 @@ impl BalancePlanner {
         topics: &TopicCounts,
         pinned: &LeaderMap,
     ) -> BalancePlan {
+        Self::plan_settling(previous, alive, topics, pinned, &BTreeSet::new())
+    }
+
+    /// [`BalancePlanner::plan_pinned`] where the `settling` brokers (alive, but started only
+    /// just now) receive no partition another alive broker leads (see the module docs). Ids in
+    /// `settling` that are not in `alive` are ignored.
+    pub fn plan_settling(
+        previous: &LeaderMap,
+        alive: &AliveBrokers,
+        topics: &TopicCounts,
+        pinned: &LeaderMap,
+        settling: &BTreeSet<BrokerId>,
+    ) -> BalancePlan {
         let mut stats = BalanceStats::default();
         if alive.is_empty() {
             return BalancePlan {
@@ -130,7 +159,7 @@ impl BalancePlanner {
                 stats,
             };
         }
-        let mut layout = Layout::new(previous, alive, topics, pinned);
+        let mut layout = Layout::new(previous, alive, topics, pinned, settling);
         layout.place_orphans(&mut stats);
         layout.even_out_brokers(&mut stats);
         layout.even_out_topics(&mut stats);
@@ -172,6 +201,8 @@ struct Layout {
     leader: Vec<usize>,
     /// Pinned to its leader: no step after the first moves it.
     fixed: Vec<bool>,
+    /// Per broker: settling, so it receives no partition another alive broker leads.
+    settling: Vec<bool>,
     /// Each partition's position in `members[leader]`, for O(1) removal.
     slot: Vec<usize>,
     /// The partitions each broker currently leads, in no particular order.
@@ -210,6 +241,7 @@ impl Layout {
         alive: &AliveBrokers,
         topics: &TopicCounts,
         pinned: &LeaderMap,
+        settling: &BTreeSet<BrokerId>,
     ) -> Self {
         let broker_index: BTreeMap<BrokerId, usize> =
             alive.keys().enumerate().map(|(i, b)| (*b, i)).collect();
@@ -244,6 +276,7 @@ impl Layout {
             home: vec![NO_HOME; partitions],
             leader: vec![NO_HOME; partitions],
             fixed: vec![false; partitions],
+            settling: alive.keys().map(|b| settling.contains(b)).collect(),
             slot: vec![0; partitions],
             members: vec![Vec::new(); brokers],
             total: vec![0; brokers],
@@ -425,7 +458,8 @@ impl Layout {
     }
 
     /// Step 3's goal per broker: ⌊P/N⌋ or ⌈P/N⌉, the ⌈P/N⌉ given to brokers already above
-    /// ⌊P/N⌋ (inherited partitions first), and never fewer than a broker's pins.
+    /// ⌊P/N⌋ (inherited partitions first), never fewer than a broker's pins, and for a settling
+    /// broker never more than it has.
     fn broker_targets(&self) -> Vec<usize> {
         let n = self.brokers;
         let partitions = self.leader.len();
@@ -441,34 +475,46 @@ impl Layout {
         }
         // A broker pinned above the even share keeps exactly its pins; the others share the
         // rest. "Above" is above ⌈rest/free⌉, or at it when more brokers are pinned there than
-        // there are ⌈⌉ places (`extra`). Capping lowers the share of the others, so repeat until
-        // no broker is above it.
-        let mut capped = vec![false; n];
+        // there are ⌈⌉ places (`extra`). A settling broker at or below ⌊rest/free⌋ keeps
+        // exactly what it has. Capping changes the share of the others, so repeat until no
+        // broker is left to cap.
+        let mut capped: Vec<Option<usize>> = vec![None; n];
         let (floor, extra) = loop {
-            let free = capped.iter().filter(|c| !**c).count();
-            let rest = partitions
-                - (0..n)
-                    .filter(|&b| capped[b])
-                    .map(|b| pins[b])
-                    .sum::<usize>();
+            let free = capped.iter().filter(|c| c.is_none()).count();
+            if free == 0 {
+                break (0, 0);
+            }
+            let rest = partitions - capped.iter().flatten().sum::<usize>();
             let (floor, extra) = (rest / free, rest % free);
+            let open = |b: &usize| capped[*b].is_none();
             let above_ceil: Vec<usize> = (0..n)
-                .filter(|&b| !capped[b] && pins[b] > floor + usize::from(extra > 0))
+                .filter(open)
+                .filter(|&b| pins[b] > floor + usize::from(extra > 0))
                 .collect();
             let above_floor: Vec<usize> =
-                (0..n).filter(|&b| !capped[b] && pins[b] > floor).collect();
-            let cap = if !above_ceil.is_empty() {
-                above_ceil
-            } else if above_floor.len() > extra {
-                above_floor
+                (0..n).filter(open).filter(|&b| pins[b] > floor).collect();
+            let short: Vec<usize> = (0..n)
+                .filter(open)
+                .filter(|&b| self.settling[b] && self.total[b] <= floor)
+                .collect();
+            if !above_ceil.is_empty() || above_floor.len() > extra {
+                let cap = if above_ceil.is_empty() {
+                    above_floor
+                } else {
+                    above_ceil
+                };
+                for b in cap {
+                    capped[b] = Some(pins[b]);
+                }
+            } else if !short.is_empty() {
+                for b in short {
+                    capped[b] = Some(self.total[b]);
+                }
             } else {
                 break (floor, extra);
-            };
-            for b in cap {
-                capped[b] = true;
             }
         };
-        let mut order: Vec<usize> = (0..n).filter(|&b| !capped[b]).collect();
+        let mut order: Vec<usize> = (0..n).filter(|&b| capped[b].is_none()).collect();
         order.sort_by_key(|&b| {
             (
                 Reverse(pins[b] > floor),
@@ -477,9 +523,7 @@ impl Layout {
                 b,
             )
         });
-        let mut target: Vec<usize> = (0..n)
-            .map(|b| if capped[b] { pins[b] } else { floor })
-            .collect();
+        let mut target: Vec<usize> = (0..n).map(|b| capped[b].unwrap_or(floor)).collect();
         for &b in &order[..extra] {
             target[b] = floor + 1;
         }
@@ -487,6 +531,11 @@ impl Layout {
             (0..n).all(|b| target[b] >= pins[b]),
             "a target below a broker's pins"
         );
+        debug_assert!(
+            (0..n).all(|b| !self.settling[b] || target[b] <= self.total[b]),
+            "a settling broker given a target above what it has"
+        );
+        debug_assert_eq!(target.iter().sum::<usize>(), partitions);
         target
     }
 
@@ -494,16 +543,25 @@ impl Layout {
     /// one. The module docs show a partner always exists and no swap widens another topic.
     fn even_out_topics(&mut self, stats: &mut BalanceStats) {
         let n = self.brokers;
+        let open: Vec<usize> = (0..n).filter(|&b| !self.settling[b]).collect();
         for t in 0..self.topics() {
             loop {
                 let counts = &self.topic_count[t * n..(t + 1) * n];
-                let most = counts.iter().copied().max().unwrap_or(0);
-                let fewest = counts.iter().copied().min().unwrap_or(0);
+                let most = open.iter().map(|&b| counts[b]).max().unwrap_or(0);
+                let fewest = open.iter().map(|&b| counts[b]).min().unwrap_or(0);
                 if most < fewest + 2 {
                     break;
                 }
-                let heavy: Vec<usize> = (0..n).filter(|&b| counts[b] == most).collect();
-                let light: Vec<usize> = (0..n).filter(|&b| counts[b] == fewest).collect();
+                let heavy: Vec<usize> = open
+                    .iter()
+                    .copied()
+                    .filter(|&b| counts[b] == most)
+                    .collect();
+                let light: Vec<usize> = open
+                    .iter()
+                    .copied()
+                    .filter(|&b| counts[b] == fewest)
+                    .collect();
                 // Cheapest swap first (fewest takeovers), then best rack spread, then the partner
                 // topic that gains most, then indices for determinism.
                 let mut best: Option<(SwapKey, (usize, usize, usize, usize))> = None;
@@ -619,7 +677,9 @@ impl Layout {
                 best = Some((key, op));
             }
         };
-        for a in 0..self.brokers {
+        // Settling brokers neither give nor take here (see the module docs).
+        let open = || (0..self.brokers).filter(|&b| !self.settling[b]);
+        for a in open() {
             let ra = self.rack_of[a];
             if self.tc(t, a) == 0 || racks[ra] < fewest + 2 {
                 continue;
@@ -632,7 +692,7 @@ impl Layout {
             if ours.is_empty() {
                 continue;
             }
-            for b in 0..self.brokers {
+            for b in open() {
                 let rb = self.rack_of[b];
                 if rb == ra || racks[ra] < racks[rb] + 2 || self.tc(t, b) + 1 > self.tc(t, a) {
                     continue;

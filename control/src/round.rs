@@ -48,6 +48,9 @@ pub struct RoundInputs<'a> {
     pub topics: &'a TopicCounts,
     /// Partitions an operator reassigned: held on their broker while it is alive.
     pub pinned: &'a LeaderMap,
+    /// A broker that came up less than this long ago is given no partition another alive
+    /// broker leads (`--rebalance-hold-ms`; see `crate::balancer`).
+    pub hold: Duration,
     pub timing: &'a Timing,
     pub now: Instant,
 }
@@ -85,7 +88,9 @@ pub fn controller_round(inputs: &RoundInputs<'_>) -> Round {
         }
     }
     let base = handover::planning_base(previous);
-    let plan = BalancePlanner::plan_pinned(&base, &alive, inputs.topics, inputs.pinned);
+    let settling = registry.settling(inputs.now, inputs.hold);
+    let plan =
+        BalancePlanner::plan_settling(&base, &alive, inputs.topics, inputs.pinned, &settling);
     let version = previous.map_or(0, |p| p.assignment_version) + 1;
     let standing = |b: BrokerId| {
         let record = registry.get(b);

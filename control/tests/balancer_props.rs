@@ -620,3 +620,103 @@ fn more_brokers_pinned_at_the_ceiling_than_ceiling_places() {
     let out = BalancePlanner::plan_pinned(&LeaderMap::new(), &alive, &topics, &pins).assignment;
     assert_eq!(out, pins);
 }
+
+/// A scenario and a subset of its alive brokers that are settling (came up just now).
+fn settling_scenario() -> impl Strategy<Value = (Scenario, BTreeSet<BrokerId>)> {
+    (scenario(5, true), prop::collection::vec(any::<bool>(), 8)).prop_map(|(s, picks)| {
+        let settling = s
+            .alive
+            .keys()
+            .zip(picks)
+            .filter(|(_, p)| *p)
+            .map(|(b, _)| *b)
+            .collect();
+        (s, settling)
+    })
+}
+
+fn plan_settling(s: &Scenario, settling: &BTreeSet<BrokerId>) -> BalancePlan {
+    BalancePlanner::plan_settling(
+        &s.previous,
+        &s.alive,
+        &s.topics,
+        &LeaderMap::new(),
+        settling,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    // Proves: a settling broker leads only what it led before and partitions whose leader is
+    // gone (or new), never one another alive broker led; every partition still gets an alive
+    // leader, and the brokers that are not settling are within one partition of each other.
+    #[test]
+    fn settling_brokers_take_only_what_no_alive_broker_leads((s, settling) in settling_scenario()) {
+        let plan = plan_settling(&s, &settling);
+        assert_complete(&s, &plan.assignment);
+        let kept = inherited(&s);
+        for (tp, b) in &plan.assignment {
+            if settling.contains(b) {
+                prop_assert!(kept.get(tp).is_none_or(|was| was == b), "{tp:?} moved from {:?} to settling {b:?}", kept.get(tp));
+            }
+        }
+        let others: BTreeMap<BrokerId, usize> = totals(&plan.assignment, &s.alive)
+            .into_iter()
+            .filter(|(b, _)| !settling.contains(b))
+            .collect();
+        prop_assert!(spread(&others) <= 1, "totals {:?}, settling {:?}", others, settling);
+    }
+
+    // Proves: while the same brokers settle, a recompute from the plan's own output moves
+    // nothing; once they settled, the plan from there is balanced as it is without them.
+    #[test]
+    fn settling_is_steady_and_balances_once_over((s, settling) in settling_scenario()) {
+        let first = plan_settling(&s, &settling).assignment;
+        let held = Scenario { previous: first.clone(), ..s };
+        let next = plan_settling(&held, &settling);
+        prop_assert_eq!(&next.assignment, &first);
+        prop_assert_eq!(next.stats.inherited_moved, 0);
+        let after = plan_settling(&held, &BTreeSet::new());
+        prop_assert_eq!(&after, &held.plan());
+        prop_assert!(spread(&totals(&after.assignment, &held.alive)) <= 1);
+    }
+}
+
+// A rolling restart of three brokers with one 12-partition topic: the restarted broker gets
+// nothing back while it settles, and the next broker's drained partitions (no alive leader
+// any more) go to it rather than piling onto the third.
+#[test]
+fn a_restarted_broker_gets_partitions_back_only_once_settled() {
+    let t = topics(&[("t", 12)]);
+    let all = alive(&[0, 1, 2]);
+    let even = BalancePlanner::assign(&LeaderMap::new(), &all, &t);
+    let without_2 = BalancePlanner::assign(&even, &alive(&[0, 1]), &t);
+    let restarting = BTreeSet::from([BrokerId(2)]);
+    let back = BalancePlanner::plan_settling(&without_2, &all, &t, &LeaderMap::new(), &restarting);
+    assert_eq!(
+        back.assignment, without_2,
+        "broker 2 settling: nothing moves"
+    );
+    assert_eq!(totals(&back.assignment, &all)[&BrokerId(2)], 0);
+
+    // Broker 1 drains now: its six partitions have no alive leader and are placed, on 2.
+    let drained = alive(&[0, 2]);
+    let next = BalancePlanner::plan_settling(
+        &back.assignment,
+        &drained,
+        &t,
+        &LeaderMap::new(),
+        &restarting,
+    );
+    assert_eq!(
+        totals(&next.assignment, &drained),
+        BTreeMap::from([(BrokerId(0), 6), (BrokerId(2), 6)])
+    );
+    assert_eq!(next.stats.inherited_moved, 0);
+
+    // Once settled, the full cluster evens out as before.
+    let settled = BalancePlanner::plan(&without_2, &all, &t);
+    assert_eq!(spread(&totals(&settled.assignment, &all)), 0);
+    assert_eq!(settled.stats.inherited_moved, 4);
+}

@@ -33,6 +33,8 @@ struct World {
     heard: Vec<Heard>,
     partitions: i32,
     previous_holder: Option<i32>,
+    /// `--rebalance-hold-ms`: a broker first heard less than this long ago is settling.
+    hold_ms: u64,
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -58,9 +60,10 @@ fn world() -> impl Strategy<Value = World> {
         ),
         1i32..12,
         prop::option::of(0..brokers),
+        prop_oneof![Just(0u64), 0u64..10_000],
     )
         .prop_map(
-            |(epoch, leading_for_ms, base, heard, partitions, previous_holder)| World {
+            |(epoch, leading_for_ms, base, heard, partitions, previous_holder, hold_ms)| World {
                 epoch,
                 leading_for_ms,
                 base,
@@ -71,6 +74,7 @@ fn world() -> impl Strategy<Value = World> {
                     .collect(),
                 partitions,
                 previous_holder,
+                hold_ms,
             },
         )
 }
@@ -147,14 +151,20 @@ fn decide(w: &World, base: Option<&Arc<Assignment>>, now: Instant) -> Round {
         alive_timeout: TIMING.release_after,
         topics: &topics,
         pinned: &LeaderMap::new(),
+        hold: Duration::from_millis(w.hold_ms),
         timing: &TIMING,
         now,
     })
 }
 
+/// When the properties' rounds run: late enough that every registry age is in the past.
+fn round_time() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
 /// The base file of `w` and the file a round over it writes; `None` when it writes nothing.
 fn written(w: &World) -> Option<(Arc<Assignment>, Assignment)> {
-    let now = Instant::now() + Duration::from_secs(60);
+    let now = round_time();
     let base = base_file(w)?;
     match decide(w, Some(&base), now) {
         Round::Unchanged => None,
@@ -244,6 +254,32 @@ proptest! {
         }
         for m in &next.pending {
             prop_assert!(next.leader(&m.tp()).is_none(), "pending {m:?} names a leader");
+        }
+    }
+
+    // A broker that came up less than the hold ago is given no partition another alive
+    // broker led in the base (a client that just lost it would be sent straight back); it
+    // may be given partitions whose leader is gone.
+    #[test]
+    fn a_settling_broker_takes_nothing_from_an_alive_broker(w in world()) {
+        prop_assume!(base_file(&w).is_some_and(|b| b.controller_epoch <= w.epoch));
+        let Some((base, next)) = written(&w) else { return Ok(()) };
+        let now = round_time();
+        let reg = registry(&w, now);
+        let settling = reg.settling(now, Duration::from_millis(w.hold_ms));
+        let in_grace = w.leading_for_ms < GRACE.as_millis() as u64;
+        let alive = |b: BrokerId| {
+            reg.alive(now, TIMING.release_after).contains_key(&b)
+                || (in_grace
+                    && reg.get(b).is_none()
+                    && Some(b.0) != w.previous_holder
+                    && base.broker(b).is_some_and(|r| r.health == Health::Alive))
+        };
+        for (tp, new) in &next.partitions {
+            let Some(old) = base.leader(tp) else { continue };
+            if settling.contains(new) && old != *new {
+                prop_assert!(!alive(old), "{tp:?} moved from alive {old:?} to settling {new:?}");
+            }
         }
     }
 }

@@ -284,6 +284,7 @@ async fn recompute(
     let candidates = [bases.last.as_ref(), bases.accepted.as_ref()];
     let previous: Option<Arc<Assignment>> = round::newest_base(candidates).cloned();
     let leading_for = lead_start.elapsed();
+    let now = std::time::Instant::now();
     let decided = round::controller_round(&round::RoundInputs {
         epoch,
         leading_for,
@@ -295,8 +296,9 @@ async fn recompute(
         alive_timeout: config.timing.release_after,
         topics: &topics,
         pinned: &pinned,
+        hold: config.rebalance_hold,
         timing: &config.timing,
-        now: std::time::Instant::now(),
+        now,
     });
     let next = match decided {
         round::Round::Unchanged => {
@@ -344,6 +346,8 @@ async fn recompute(
         newly_led = moved,
         pending = pending_n,
         alive = ?written.brokers.iter().filter(|b| b.health == Health::Alive).map(|b| b.id.0).collect::<Vec<_>>(),
+        // Restarted brokers given no partition another broker leads yet (--rebalance-hold-ms).
+        settling = ?registry.settling(now, config.rebalance_hold).iter().map(|b| b.0).collect::<Vec<_>>(),
         seq = written_seq,
         ms_since_elected = leading_for.as_millis() as u64,
         "wrote assignment.json"

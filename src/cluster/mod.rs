@@ -73,6 +73,9 @@ pub struct ClusterConfig {
     pub timing: Timing,
     /// How often a broker sends its status.
     pub status_interval: Duration,
+    /// Controller: how long a (re)started broker is given no partition another alive broker
+    /// leads (`--rebalance-hold-ms`).
+    pub rebalance_hold: Duration,
     pub data_dir: PathBuf,
     pub advertised: (String, u16),
     /// Signs and checks heartbeat messages.

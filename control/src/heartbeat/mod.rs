@@ -20,7 +20,7 @@ pub mod auth;
 pub mod client;
 pub mod server;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use kaas_proto::heartbeat::BrokerStatus;
@@ -91,6 +91,11 @@ pub struct StatusRecord {
     pub last_seen: Instant,
     /// The server-assigned id of the stream it came on; higher ids are newer streams.
     pub stream: u64,
+    /// When this controller first heard from the broker process that sent it, healthy and not
+    /// draining: a lower sequence than the one recorded is a new process (sequences rise
+    /// across a process's reconnects). The balancer gives a broker that came up less than
+    /// `--rebalance-hold-ms` ago no partition another broker leads (see `crate::balancer`).
+    pub up_since: Instant,
 }
 
 /// Whether a status with `(stream, sequence)` supersedes the recorded one.
@@ -157,18 +162,40 @@ impl BrokerRegistry {
             return false;
         }
         let id = BrokerId(status.broker_id);
-        if !supersedes(self.brokers.get(&id), stream, status.sequence) {
+        let recorded = self.brokers.get(&id);
+        if !supersedes(recorded, stream, status.sequence) {
             return false;
         }
+        let up_since = match recorded {
+            Some(r)
+                if status.sequence > r.status.sequence
+                    && r.status.healthy
+                    && !r.status.draining =>
+            {
+                r.up_since
+            }
+            _ => now,
+        };
         self.brokers.insert(
             id,
             StatusRecord {
                 status,
                 last_seen: now,
                 stream,
+                up_since,
             },
         );
         true
+    }
+
+    /// The recorded brokers that came up less than `hold` before `now` (see
+    /// [`StatusRecord::up_since`]).
+    pub fn settling(&self, now: Instant, hold: Duration) -> BTreeSet<BrokerId> {
+        self.brokers
+            .iter()
+            .filter(|(_, r)| now.saturating_duration_since(r.up_since) < hold)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// The last status of `id`.
@@ -300,6 +327,35 @@ mod tests {
         assert_eq!(alive[&BrokerId(0)], Some("a".to_string()));
         let later = reg.alive(t0 + Duration::from_millis(5_001), timeout);
         assert_eq!(later.keys().map(|b| b.0).collect::<Vec<_>>(), vec![3, 9]);
+    }
+
+    // A broker settles `hold` after this controller first heard from its process: a
+    // reconnect (new stream, rising sequence) keeps the clock, a restart (sequence from the
+    // start again) or a recovery from draining or unhealthy restarts it.
+    #[test]
+    fn settling_counts_from_the_process_coming_up() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let hold = Duration::from_secs(30);
+        let mut reg = BrokerRegistry::new(None);
+        assert!(reg.record(1, status(0, 1, true, false), t0));
+        assert!(reg.record(1, status(0, 2, true, false), s(20)));
+        assert!(
+            reg.record(2, status(0, 3, true, false), s(25)),
+            "a reconnect"
+        );
+        assert_eq!(reg.settling(s(29), hold), BTreeSet::from([BrokerId(0)]));
+        assert!(reg.settling(s(30), hold).is_empty());
+        assert!(reg.record(3, status(0, 1, true, false), s(40)), "a restart");
+        assert_eq!(reg.settling(s(69), hold), BTreeSet::from([BrokerId(0)]));
+        assert!(reg.settling(s(70), hold).is_empty());
+        assert!(reg.record(3, status(0, 2, false, false), s(71)));
+        assert!(
+            reg.record(3, status(0, 3, true, false), s(72)),
+            "healthy again"
+        );
+        assert_eq!(reg.get(BrokerId(0)).map(|r| r.up_since), Some(s(72)));
+        assert!(reg.settling(s(72), Duration::ZERO).is_empty(), "no hold");
     }
 
     // A late status from an old stream never overwrites a newer one; a new stream always wins.
