@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 
 from kcluster import FAILOVER_BOUND_S, logs_on_failure, make_cluster  # noqa: F401  (the fixture)
 from test_failover_clients import pytestmark  # noqa: F401  (skips when brokers are external)
@@ -23,12 +24,9 @@ HOLD_MS = 8_000
 PARTITIONS = 12
 
 
-def leaders(c) -> dict[int, int]:
-    a = c.assignment() or {"partitions": []}
-    out: dict[int, int] = {}
-    for p in a["partitions"]:
-        out[p["leader"]] = out.get(p["leader"], 0) + 1
-    return out
+def leaders(c) -> Counter:
+    """Partitions per leader in assignment.json."""
+    return Counter(p["leader"] for p in (c.assignment() or {"partitions": []})["partitions"])
 
 
 def row_health(c, broker: int) -> str | None:

@@ -493,25 +493,23 @@ impl Layout {
                 .collect();
             let above_floor: Vec<usize> =
                 (0..n).filter(open).filter(|&b| pins[b] > floor).collect();
-            let short: Vec<usize> = (0..n)
-                .filter(open)
-                .filter(|&b| self.settling[b] && self.total[b] <= floor)
-                .collect();
-            if !above_ceil.is_empty() || above_floor.len() > extra {
-                let cap = if above_ceil.is_empty() {
-                    above_floor
-                } else {
-                    above_ceil
-                };
-                for b in cap {
-                    capped[b] = Some(pins[b]);
-                }
-            } else if !short.is_empty() {
-                for b in short {
-                    capped[b] = Some(self.total[b]);
-                }
+            // Pinned brokers first, then settling ones: each is capped at what it must keep.
+            let cap: Vec<(usize, usize)> = if !above_ceil.is_empty() {
+                above_ceil.into_iter().map(|b| (b, pins[b])).collect()
+            } else if above_floor.len() > extra {
+                above_floor.into_iter().map(|b| (b, pins[b])).collect()
             } else {
+                (0..n)
+                    .filter(open)
+                    .filter(|&b| self.settling[b] && self.total[b] <= floor)
+                    .map(|b| (b, self.total[b]))
+                    .collect()
+            };
+            if cap.is_empty() {
                 break (floor, extra);
+            }
+            for (b, keep) in cap {
+                capped[b] = Some(keep);
             }
         };
         let mut order: Vec<usize> = (0..n).filter(|&b| capped[b].is_none()).collect();
