@@ -69,8 +69,9 @@ class Node:
             "--heartbeat-listen", f"127.0.0.1:{self.heartbeat_port}",
             "--shards", "1", *self.cluster.lease_args,
             "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
-            # Tests that restart brokers and wait for an even spread do not wait out the
-            # production hold; test_cluster_rebalance_hold.py tests the hold itself.
+            # Explicit, so a test never depends on the binary's default; tests that restart
+            # brokers and wait for an even spread run without a hold, and
+            # test_cluster_rebalance_hold.py tests the hold itself.
             "--rebalance-hold-ms", str(self.cluster.rebalance_hold_ms),
             *(["--auto-create-topics", "true", "--num-partitions", str(self.cluster.auto_create)]
               if self.cluster.auto_create else ["--auto-create-topics", "false"]),

@@ -451,10 +451,10 @@ def test_a_rolling_upgrade_of_a_cluster_loses_and_duplicates_nothing(node, relea
     # partition on a broker that no longer leads it, if Metadata names the leader A, then B,
     # then A again before A's thread lets go of the partition; it then retries
     # NOT_LEADER_OR_FOLLOWER from B forever and logs "not migrating away from preferred
-    # replica" at debug level only. The controller now gives a restarted broker back its
-    # partitions only after cluster.rebalanceHoldSeconds (30 s), so Metadata no longer names
-    # A, B, A within a second (test_cluster_rebalance_hold.py); the logs stay for what else
-    # may stall it.
+    # replica" at debug level only. cluster.rebalanceHoldSeconds can hold a restarted broker's
+    # partitions back so that Metadata does not name A, B, A within a second
+    # (test_cluster_rebalance_hold.py); it is off by default, as with 30 s one run of this test
+    # ended with kcat giving up, every broker connection down at once.
     with node.pod_logs_kept(tmp_path / "broker-logs", f"{RELEASE}-"):
         start_kcat(node, "produce-during-upgrade",
                    f"for i in $(seq 1 {n}); do echo rolling-$i; sleep 0.05; done | kcat -P -b"

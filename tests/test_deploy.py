@@ -472,7 +472,7 @@ def test_cluster_mode_adds_the_cluster_flags():
     assert "--heartbeat-advertised=$(POD_NAME).kaas-headless.$(POD_NAMESPACE).svc:9094" in args, args
     assert "--rack=$(NODE_ZONE)" in args
     # A restarted broker gets partitions other brokers lead only after the hold (values).
-    assert "--rebalance-hold-ms=30000" in args, args
+    assert "--rebalance-hold-ms=0" in args, args
     assert env_of(c)["KAAS_DRAIN_TIMEOUT_MS"] == "300000"
     env = env_of(c)
     assert env["POD_INDEX"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
