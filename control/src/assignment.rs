@@ -34,7 +34,9 @@ use crate::chain::{AppendError, Chain};
 /// Directory under the shared volume that holds cluster-wide files.
 pub const CLUSTER_DIR: &str = "__cluster";
 
-pub use kaas_model::{accept, diff, Assignment, BrokerEntry, Decision, Diff, Health, PendingMove};
+pub use kaas_model::{
+    accept, diff, Assignment, BrokerEntry, Decision, Diff, Health, LeaderEpochs, PendingMove,
+};
 
 /// The versions of `assignment.json` in `<shared>/__cluster/`.
 pub fn assignment_chain(shared_dir: &Path) -> Chain {

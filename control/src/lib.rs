@@ -11,6 +11,7 @@ pub mod assignment;
 pub mod balancer;
 pub mod chain;
 pub mod election;
+pub mod epochs;
 pub mod handover;
 pub mod health;
 pub mod heartbeat;

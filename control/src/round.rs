@@ -13,13 +13,15 @@
 //! - during the grace period after an election no broker the previous file had alive is
 //!   dropped for not having reconnected yet;
 //! - the handover never names a new leader for a partition before its old leader confirmed
-//!   (applied the file that took it away) or went silent past its release time.
+//!   (applied the file that took it away) or went silent past its release time;
+//! - a partition's leader epoch rises exactly when its leader changes (`crate::epochs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::assignment::{Assignment, Health};
 use crate::balancer::{AliveBrokers, BalancePlanner, BrokerId, LeaderMap, TopicCounts};
+use crate::epochs;
 use crate::handover::{self, Standing, Timing};
 use crate::heartbeat::BrokerRegistry;
 
@@ -135,11 +137,13 @@ pub fn controller_round(inputs: &RoundInputs<'_>) -> Round {
     }
     let mut next = Assignment::new(inputs.epoch, version, rows, partitions, []);
     next.pending = pending;
+    next.leader_epochs = epochs::next_epochs(previous, &next);
     let unchanged = previous.is_some_and(|p| {
         p.controller_epoch == inputs.epoch
             && p.brokers == next.brokers
             && p.partitions == next.partitions
             && p.pending == next.pending
+            && p.leader_epochs == next.leader_epochs
     });
     if unchanged {
         Round::Unchanged

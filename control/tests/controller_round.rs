@@ -162,6 +162,52 @@ fn round_time() -> Instant {
     Instant::now() + Duration::from_secs(60)
 }
 
+/// Who leads `t`/`p` in `a`: `Some(Some(broker))`, `Some(None)` in handover, `None` unplaced.
+fn leadership(a: &Assignment, p: i32) -> Option<Option<BrokerId>> {
+    let tp = kaas_control::balancer::TopicPartition::new("t", p);
+    if let Some(l) = a.leader(&tp) {
+        return Some(Some(l));
+    }
+    a.pending.iter().any(|m| m.tp() == tp).then_some(None)
+}
+
+/// The leader-epoch rule between two consecutive files: the same leader (or still none) keeps
+/// its epoch, any change of leader raises it by one (to 1 for a partition new to the files).
+fn check_epochs(before: &Assignment, after: &Assignment) -> Result<(), TestCaseError> {
+    for p in 0..12 {
+        let Some(now) = leadership(after, p) else {
+            prop_assert_eq!(
+                after.leader_epoch("t", p),
+                None,
+                "unplaced t-{} has an epoch",
+                p
+            );
+            continue;
+        };
+        let was = leadership(before, p);
+        let (eb, en) = (before.leader_epoch("t", p), after.leader_epoch("t", p));
+        if was == Some(now) {
+            prop_assert_eq!(
+                en,
+                eb,
+                "t-{} kept its leader {:?} but its epoch changed",
+                p,
+                now
+            );
+        } else {
+            prop_assert_eq!(
+                en,
+                Some(eb.map_or(1, |e| e + 1)),
+                "t-{} went from {:?} to {:?}",
+                p,
+                was,
+                now
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The base file of `w` and the file a round over it writes; `None` when it writes nothing.
 fn written(w: &World) -> Option<(Arc<Assignment>, Assignment)> {
     let now = round_time();
@@ -190,6 +236,31 @@ proptest! {
                     "a settled file was rewritten: {first:?} then {second:?}"
                 ),
             }
+        }
+    }
+
+    // Leader epochs are the controller's (crate::epochs): over two rounds, the second after
+    // the brokers' clocks moved on (a handover may resolve), a partition's epoch rises exactly
+    // when its leader changes, to none and back included.
+    #[test]
+    fn an_epoch_rises_exactly_when_the_leader_changes(
+        w in world(),
+        epochs in prop::collection::vec(1i32..20, 12),
+        later_ms in 0u64..10_000,
+    ) {
+        let now = round_time();
+        let Some(base) = base_file(&w) else { return Ok(()) };
+        prop_assume!(base.controller_epoch <= w.epoch);
+        let mut with_epochs = (*base).clone();
+        for p in 0..w.base.as_ref().map_or(0, |b| b.2.len() as i32) {
+            with_epochs.set_leader_epoch("t", p, epochs[p as usize]);
+        }
+        let base = Arc::new(with_epochs);
+        let Round::Write(first) = decide(&w, Some(&base), now) else { return Ok(()) };
+        check_epochs(&base, &first)?;
+        let first = Arc::new(first);
+        if let Round::Write(second) = decide(&w, Some(&first), now + Duration::from_millis(later_ms)) {
+            check_epochs(&first, &second)?;
         }
     }
 

@@ -59,6 +59,13 @@ impl fmt::Display for TopicPartition {
 /// computes and [`Assignment::partitions`] holds).
 pub type LeaderMap = BTreeMap<TopicPartition, BrokerId>;
 
+/// Topic → the leader epoch the controller gave each partition index ([`NO_EPOCH`] where it
+/// gave none). See [`Assignment::leader_epochs`].
+pub type LeaderEpochs = BTreeMap<String, Vec<i32>>;
+
+/// "No epoch": a partition without an entry in [`Assignment::leader_epochs`].
+pub const NO_EPOCH: i32 = -1;
+
 /// FNV-1a, 32-bit, over `bytes`: the group-coordinator hash. Every broker and the controller
 /// must agree on it bit for bit, so it is spelled out here rather than taken from a crate whose
 /// output could change.
@@ -168,6 +175,16 @@ pub struct Assignment {
     /// to have stopped on its own (see `kaas_control::handover`). They have no leader meanwhile.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<PendingMove>,
+    /// The leader epoch of every placed partition (led or pending), raised by the controller
+    /// at every change of leader, including to and from none — as KRaft's controller does.
+    /// A broker taking a partition over runs it at this epoch, or above it when a stored epoch
+    /// already reached it, so the epoch reported from this file before the new leader
+    /// published its own is never above the leader's real one. What clients need of it: the
+    /// epoch Metadata reports never falls back to -1 (unknown) while leadership moves, which
+    /// librdkafka accepts from any broker and which then let a late answer naming the old
+    /// leader win (see `kaas_shard::leader_claim`). Absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub leader_epochs: LeaderEpochs,
 }
 
 /// A partition on its way from one leader to another (see [`Assignment::pending`]).
@@ -245,6 +262,7 @@ impl Assignment {
             partitions,
             consumer_groups: BTreeMap::new(),
             pending: Vec::new(),
+            leader_epochs: LeaderEpochs::new(),
         };
         out.consumer_groups = groups
             .into_iter()
@@ -263,6 +281,33 @@ impl Assignment {
     /// The leader of a partition, if the partition exists.
     pub fn leader(&self, tp: &TopicPartition) -> Option<BrokerId> {
         self.partitions.get(tp).copied()
+    }
+
+    /// The leader epoch the controller gave a partition, if it gave one (see
+    /// [`Assignment::leader_epochs`]).
+    pub fn leader_epoch(&self, topic: &str, partition: i32) -> Option<i32> {
+        let index = usize::try_from(partition).ok()?;
+        self.leader_epochs
+            .get(topic)
+            .and_then(|row| row.get(index))
+            .copied()
+            .filter(|e| *e > NO_EPOCH)
+    }
+
+    /// Sets a partition's leader epoch in [`Assignment::leader_epochs`].
+    pub fn set_leader_epoch(&mut self, topic: &str, partition: i32, epoch: i32) {
+        let Ok(index) = usize::try_from(partition) else {
+            return;
+        };
+        // Looked up before inserting, so a row that exists costs no copy of the name.
+        let row = match self.leader_epochs.get_mut(topic) {
+            Some(row) => row,
+            None => self.leader_epochs.entry(topic.to_string()).or_default(),
+        };
+        if row.len() <= index {
+            row.resize(index + 1, NO_EPOCH);
+        }
+        row[index] = epoch;
     }
 
     /// The broker row for `id`.

@@ -8,7 +8,8 @@
 //!
 //! Which partitions a shard *serves* is not in this view but in the shard's own serving set,
 //! changed only by [`ControlMsg`]s from the control thread, in the order relinquish → publish
-//! the new view → take over. Metadata reads this view; the ownership check reads the serving
+//! the new view → revalidate what it keeps → take over (the last two at the new view's
+//! leader epochs). Metadata reads this view; the ownership check reads the serving
 //! set; both follow the same accepted assignment.
 
 use std::collections::HashMap;
@@ -245,6 +246,20 @@ impl ClusterView {
             .and_then(|row| row.get(index))
             .copied()
             .filter(|l| *l >= 0)
+    }
+
+    /// The leader epoch the accepted assignment gives a partition (cluster mode; `None` on a
+    /// single node, before the first assignment, and in files written before controllers gave
+    /// epochs). See `kaas_model::Assignment::leader_epochs`.
+    pub fn assigned_epoch(&self, topic: &str, partition: i32) -> Option<i32> {
+        if !self.enabled {
+            return None;
+        }
+        self.state
+            .load()
+            .assignment
+            .as_ref()
+            .and_then(|a| a.leader_epoch(topic, partition))
     }
 
     /// Whether a controller has placed `topic` yet: false in cluster mode for a topic created

@@ -18,6 +18,12 @@
 //! leader's epoch, and the answer is -1 ("unknown"), as before. The file is replaced
 //! tmp + rename without fsync: it only informs Metadata, and a claim lost in a power cut is
 //! written again by the next take-over.
+//!
+//! Until the new leader has published, brokers report the epoch the controller gave the
+//! leadership in `assignment.json` (`kaas_control::epochs`), which the take-over runs at or
+//! above; -1 only for files written before controllers gave epochs. Reporting -1 during every
+//! move let librdkafka (which accepts -1 from anyone and caches it) take a late answer naming
+//! the old leader afterwards, and park the partition with a broker that had stopped.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -51,6 +57,17 @@ pub fn reported_epoch(claim: Option<LeaderClaim>, leader: i32) -> i32 {
         Some(c) if c.broker == leader && c.epoch >= 0 => c.epoch,
         _ => -1,
     }
+}
+
+/// The epoch to report for a partition whose leader's claim gave `claimed` (-1: not the
+/// leader's claim, or none) when the accepted assignment gives it `assigned`: the higher of
+/// the two. The assigned epoch covers the time before the new leader publishes (the
+/// take-over runs at least at it); a claim above it is the leader's own, real epoch, or one
+/// from its previous leadership, which its take-over also exceeds. Either way the answer is
+/// never above the epoch the leader runs at. Files from before controllers gave epochs: the
+/// claim alone, as before.
+pub fn reported_epoch_with_assigned(claimed: i32, assigned: Option<i32>) -> i32 {
+    assigned.map_or(claimed, |a| a.max(claimed))
 }
 
 /// Publishes `claim` for the partition in `dir` (tmp + rename, as a take-over claims its
@@ -150,5 +167,17 @@ mod tests {
         .unwrap();
         assert_eq!(cache.epoch(id, 0, 2, dir.path()), 4);
         assert_eq!(read(dir.path()).map(|c| c.epoch), Some(4));
+    }
+
+    /// Why: before the new leader publishes, the assignment's epoch is what brokers know; a
+    /// claim above it is the leader's real epoch (or an older leadership's, still not above
+    /// the real one), and with no assigned epoch the claim alone is the answer, as before.
+    #[test]
+    fn the_higher_of_claim_and_assignment_is_reported() {
+        assert_eq!(reported_epoch_with_assigned(-1, Some(5)), 5);
+        assert_eq!(reported_epoch_with_assigned(3, Some(5)), 5);
+        assert_eq!(reported_epoch_with_assigned(7, Some(5)), 7);
+        assert_eq!(reported_epoch_with_assigned(7, None), 7);
+        assert_eq!(reported_epoch_with_assigned(-1, None), -1);
     }
 }

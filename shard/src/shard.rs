@@ -181,7 +181,11 @@ impl Shard {
             }
         }
         let dir = topic.partition_dir(&self.config.data_dir, partition);
-        self.claims.epoch(topic.id, partition, leader, &dir)
+        let claimed = self.claims.epoch(topic.id, partition, leader, &dir);
+        crate::leader_claim::reported_epoch_with_assigned(
+            claimed,
+            self.cluster.assigned_epoch(&topic.name, partition),
+        )
     }
 
     /// Cluster mode: whether a hole in a producer's sequence on `partition` may be the
@@ -254,8 +258,16 @@ impl Shard {
         self.close_partition(topic.id, partition).await;
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let stored = kaas_storage::stored_leader_epoch(&dir).map_err(|e| e.to_string())?;
+        // Above every stored epoch (the fence against an older leader's writes), and at least
+        // the epoch the controller gave this leadership, which brokers report until the claim
+        // below is published: an epoch reported before must never exceed the real one.
+        let assigned = self
+            .cluster
+            .assigned_epoch(topic_name, partition)
+            .unwrap_or(0);
+        let epoch = stored.saturating_add(1).max(assigned);
         let log = self
-            .open_log(&topic, partition, LeaderEpoch(stored.saturating_add(1)))
+            .open_log(&topic, partition, LeaderEpoch(epoch))
             .await
             .map_err(|e| e.to_string())?;
         tracing::debug!(
@@ -330,6 +342,9 @@ impl Shard {
     /// missed files that moved the partition away and back; if another broker took it over
     /// meanwhile (its take-over raised the stored epoch past this log's), this log's view of
     /// the partition's end is stale, so the partition is relinquished and taken over again.
+    /// The same when the accepted assignment gives the partition a higher leader epoch than
+    /// this log runs at (moved to none and back in files not applied here): the leader must
+    /// run at the epoch every broker reports.
     pub async fn revalidate(&self, topic_name: &str, partition: i32) -> Result<(), String> {
         let Some(topic) = self.catalog.snapshot().get(topic_name).cloned() else {
             return Ok(());
@@ -344,16 +359,32 @@ impl Shard {
         };
         let dir = topic.partition_dir(&self.config.data_dir, partition);
         let stored = kaas_storage::stored_leader_epoch(&dir).map_err(|e| e.to_string())?;
-        if stored <= ours {
+        if stored > ours {
+            tracing::warn!(
+                topic = topic_name,
+                partition,
+                stored_epoch = stored,
+                our_epoch = ours,
+                "another broker led this partition since it was opened here: reopening it"
+            );
+        } else if let Some(assigned) = self
+            .cluster
+            .assigned_epoch(topic_name, partition)
+            .filter(|a| *a > ours)
+        {
+            // The controller moved it to none and back in files this broker did not see, and
+            // every broker now reports the new epoch: a client holding it would be refused
+            // (UNKNOWN_LEADER_EPOCH) by a leader still at the old one.
+            tracing::info!(
+                topic = topic_name,
+                partition,
+                assigned_epoch = assigned,
+                our_epoch = ours,
+                "the assignment raised this partition's leader epoch in files not applied here: reopening it at that epoch"
+            );
+        } else {
             return Ok(());
         }
-        tracing::warn!(
-            topic = topic_name,
-            partition,
-            stored_epoch = stored,
-            our_epoch = ours,
-            "another broker led this partition since it was opened here: reopening it"
-        );
         self.relinquish(topic_name, partition).await;
         self.take_over(topic_name, partition).await
     }

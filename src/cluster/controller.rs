@@ -15,10 +15,10 @@ use kaas_control::assignment::{
     assignment_chain, claim_epoch, write_fenced, Assignment, FenceError, Health,
 };
 use kaas_control::balancer::{BrokerId, LeaderMap, TopicCounts, TopicPartition};
-use kaas_control::handover;
 use kaas_control::heartbeat::{HeartbeatServer, ServerConfig};
 use kaas_control::lease::Leadership;
 use kaas_control::round;
+use kaas_control::{epochs, handover};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -261,6 +261,33 @@ fn planner_topics(shards: &Shards) -> (TopicCounts, LeaderMap) {
     (topics, pinned)
 }
 
+/// Raises the epochs `next` gave moved partitions past their published claims
+/// (`kaas_control::epochs::raise_past_claims`) and writes the file over `base_seq`, off this
+/// thread: the claims are a few small files, read only for partitions whose leader changed.
+/// Returns the file as written, how many epochs were raised, and its chain sequence.
+async fn raise_epochs_and_write(
+    config: &ClusterConfig,
+    shards: &Shards,
+    previous: Option<Arc<Assignment>>,
+    mut next: Assignment,
+    base_seq: Option<u64>,
+) -> anyhow::Result<(Assignment, usize, u64)> {
+    let chain = assignment_chain(&config.data_dir);
+    let catalog = shards.catalog.snapshot();
+    let data_dir = config.data_dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let raised = epochs::raise_past_claims(previous.as_deref(), &mut next, |tp| {
+            let topic = catalog.get(&tp.topic)?;
+            kaas_shard::leader_claim::read(&topic.partition_dir(&data_dir, tp.partition))
+                .map(|c| c.epoch)
+        });
+        write_fenced(&chain, base_seq, &next).map(|seq| (next, raised, seq))
+    })
+    .await
+    .context("assignment write task")?
+    .context("writing assignment.json")
+}
+
 /// One controller round: plan, apply the handover rules, write the file if anything changed.
 /// Returns the file now in force and its chain version.
 async fn recompute(
@@ -329,14 +356,8 @@ async fn recompute(
         .filter(|(tp, l)| previous.as_ref().and_then(|p| p.leader(tp)) != Some(**l))
         .count();
     let pending_n = next.pending.len();
-    let chain = assignment_chain(&config.data_dir);
-    let bytes_next = next.clone();
-    let base_seq = bases.seq;
-    let written_seq =
-        tokio::task::spawn_blocking(move || write_fenced(&chain, base_seq, &bytes_next))
-            .await
-            .context("assignment write task")?
-            .context("writing assignment.json")?;
+    let (next, raised, written_seq) =
+        raise_epochs_and_write(config, shards, previous.clone(), next, bases.seq).await?;
     server.assignment_changed(version);
     let written = Arc::new(next);
     tracing::info!(
@@ -345,6 +366,9 @@ async fn recompute(
         partitions = written.partitions.len(),
         newly_led = moved,
         pending = pending_n,
+        // Leader epochs raised past a claim the controller had not counted (a broker that
+        // restarted and took its partitions over again under an unchanged file).
+        epochs_raised = raised,
         alive = ?written.brokers.iter().filter(|b| b.health == Health::Alive).map(|b| b.id.0).collect::<Vec<_>>(),
         // Restarted brokers given no partition another broker leads yet (--rebalance-hold-ms).
         settling = ?registry.settling(now, config.rebalance_hold).iter().map(|b| b.0).collect::<Vec<_>>(),

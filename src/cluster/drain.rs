@@ -106,6 +106,7 @@ mod tests {
                 .collect(),
             consumer_groups: Default::default(),
             pending: Vec::new(),
+            leader_epochs: Default::default(),
         }
     }
 

@@ -460,25 +460,13 @@ async fn apply_loop(
                 if !d.relinquish.is_empty() {
                     send_to_shards(&shards, &d.relinquish, Apply::Relinquish).await;
                 }
-                // A file that does not follow the one applied (versions skipped while paused,
-                // or a new controller) may hide files that moved a partition this broker keeps
-                // away and back: another broker then led it and wrote, and this broker's open
-                // log no longer knows the partition's end. Those (their stored epoch rose past
-                // the open log's) are reopened before anything more is written to them.
-                let consecutive = applied.as_ref().is_some_and(|a| {
-                    (a.controller_epoch, a.assignment_version + 1) == next.order_key()
-                });
-                if !consecutive {
-                    let kept: Vec<TopicPartition> = next
-                        .led_by(me)
-                        .filter(|tp| applied.as_ref().is_some_and(|a| a.leader(tp) == Some(me)))
-                        .cloned()
-                        .collect();
-                    if !kept.is_empty() {
-                        retry.extend(send_to_shards(&shards, &kept, Apply::Revalidate).await);
-                    }
-                }
+                // Published before the revalidation below, whose take-overs run at the leader
+                // epochs of this file.
                 shards.view.publish(ClusterState::new(Some(next.clone())));
+                let kept = kept_to_revalidate(applied.as_deref(), &next, me);
+                if !kept.is_empty() {
+                    retry.extend(send_to_shards(&shards, &kept, Apply::Revalidate).await);
+                }
                 release_groups(&shards).await;
                 let failed = send_to_shards(&shards, &d.take_over, Apply::TakeOver).await;
                 retry.extend(failed);
@@ -505,6 +493,36 @@ async fn apply_loop(
             }
         }
     }
+}
+
+/// The partitions `me` leads in both `applied` and `next` that its shards must check, and
+/// reopen if the check fails (`Shard::revalidate`):
+/// - every one, when `next` does not follow `applied` (versions skipped while paused, or a new
+///   controller): skipped files may have moved a partition away and back, another broker then
+///   led it and wrote, and this broker's open log no longer knows the partition's end;
+/// - those whose leader epoch `next` changed: files this broker did not see in between moved
+///   it to none and back, and the leader must run at the epoch the file gives, which every
+///   broker reports (`kaas_control::epochs`). Files in sequence never change a kept
+///   partition's epoch; this only makes the rule independent of how the files were based.
+fn kept_to_revalidate(
+    applied: Option<&Assignment>,
+    next: &Assignment,
+    me: BrokerId,
+) -> Vec<TopicPartition> {
+    let Some(applied) = applied else {
+        return Vec::new();
+    };
+    let consecutive =
+        (applied.controller_epoch, applied.assignment_version + 1) == next.order_key();
+    next.led_by(me)
+        .filter(|tp| applied.leader(tp) == Some(me))
+        .filter(|tp| {
+            !consecutive
+                || applied.leader_epoch(&tp.topic, tp.partition)
+                    != next.leader_epoch(&tp.topic, tp.partition)
+        })
+        .cloned()
+        .collect()
 }
 
 /// Asks every shard to close the consumer groups this broker no longer coordinates.

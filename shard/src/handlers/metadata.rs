@@ -199,7 +199,17 @@ fn leadership(shard: &Shard, t: &TopicMeta, partition: i32) -> (BrokerId, i32, i
             leader_epoch(shard, t, partition, leader),
             errors::NONE,
         ),
-        None => (BrokerId(-1), -1, errors::LEADER_NOT_AVAILABLE),
+        // In handover: no leader, at the epoch the controller raised for it (KRaft reports a
+        // leaderless partition the same way). Never -1 where the file gives one: librdkafka
+        // takes -1 from anyone and would then accept a late answer naming the old leader.
+        None => (
+            BrokerId(-1),
+            shard
+                .cluster
+                .assigned_epoch(&t.name, partition)
+                .unwrap_or(-1),
+            errors::LEADER_NOT_AVAILABLE,
+        ),
     }
 }
 
