@@ -124,8 +124,9 @@ def test_an_epoch_names_one_leader_while_leadership_moves(make_cluster):
     epoch (was: -1 from every broker while a partition was between leaders, and from the
     brokers that had not yet seen the new leader's claim; librdkafka takes -1 from anyone,
     after which a late answer naming the old leader at its old epoch wins), and one epoch
-    always names one leader (or, for a partition between leaders, none), as the epochs KRaft's
-    controller gives. The epoch the leaders run at in the end is at least every epoch ever
+    always names one broker: a partition's epoch rises when it leaves its leader, and the
+    leader that ends a handover keeps the handover's epoch (no client is sent to "none"). The
+    epoch the leaders run at in the end is at least every epoch ever
     reported, so no client was told an epoch that would make it ignore the real leader."""
     import threading
 
@@ -165,7 +166,8 @@ def test_an_epoch_names_one_leader_while_leadership_moves(make_cluster):
     assert not unknown, f"{len(unknown)} answers without an epoch, e.g. {unknown[:5]}"
     leaders_of: dict[tuple[int, int], set[int]] = {}
     for _, p, leader, epoch in seen:
-        leaders_of.setdefault((p, epoch), set()).add(leader)
+        if leader >= 0:  # "none" (a handover) shares its epoch with the leader ending it
+            leaders_of.setdefault((p, epoch), set()).add(leader)
     shared = {k: v for k, v in leaders_of.items() if len(v) > 1}
     assert not shared, f"epochs naming more than one leader ((partition, epoch): leaders): {shared}"
     for p, (_, epoch) in final.items():
@@ -218,3 +220,52 @@ def test_a_leader_that_missed_a_move_and_back_runs_at_the_reported_epoch(make_cl
         return all(fetch_error(by_id[final[p][0]], p, final[p][1]) == NONE for p in moving)
 
     c.wait(served, 30, f"partitions {sorted(moving)} served at the epoch every broker reports")
+
+
+@logs_on_failure
+def test_a_paused_leader_of_a_topic_created_again_runs_at_the_reported_epoch(make_cluster):
+    """A broker paused while its topic is deleted and created again under the same name (the
+    controller placing some of the new partitions on it, as it is still alive) finds itself
+    leading the same names in both files it applies. It must take the new topic's partitions
+    over, at the epoch every other broker reports (was: it served them by name, opening the new
+    directories at epoch 0 on first use, and refused every Fetch at the reported epoch with
+    UNKNOWN_LEADER_EPOCH)."""
+    from kcheck import admin
+
+    c = make_cluster(3, extra_args=["--write-fence-ms", "20000"])
+    create_topic(c.bootstrap(), TOPIC, PARTITIONS)
+    c.wait_settled(PARTITIONS, balanced=True)
+    ctl = c.controller()
+    paused = next(n for n in c.nodes if n is not ctl)
+    others = [n for n in c.nodes if n is not paused]
+
+    def placed() -> dict[int, int]:
+        a = c.assignment() or {"partitions": []}
+        return {p["partition"]: p["leader"] for p in a["partitions"] if p["topic"] == TOPIC}
+
+    paused.pause()
+    started = time.monotonic()
+    a = admin(c.bootstrap(others))
+    a.delete_topics([TOPIC], operation_timeout=10)[TOPIC].result(15)
+    c.wait(lambda: not placed(), 10, "the deleted topic gone from assignment.json")
+
+    def created() -> bool:  # the name is refused until its reuse delay has passed
+        try:
+            create_topic(c.bootstrap(others), TOPIC, PARTITIONS, timeout=5)
+            return True
+        except Exception:  # noqa: BLE001  (TOPIC_ALREADY_EXISTS or a timeout while refused)
+            return False
+
+    c.wait(created, 15, f"{TOPIC} created again", interval=0.5)
+    led = c.wait(lambda: {p for p, b in placed().items() if b == paused.id}, 5,
+                 f"a partition of the new {TOPIC} placed on the paused broker {paused.id}")
+    assert time.monotonic() - started < 18, "the paused broker may have been declared gone"
+    paused.resume()
+    c.wait_settled(PARTITIONS)
+    final = agreed_epochs(c)
+    by_id = {n.id: n for n in c.nodes}
+
+    def served():
+        return all(fetch_error(by_id[final[p][0]], p, final[p][1]) == NONE for p in led)
+
+    c.wait(served, 30, f"partitions {sorted(led)} served at the epoch every broker reports")

@@ -1,9 +1,10 @@
 //! Leader epochs, owned by the controller. Pure.
 //!
 //! Every `assignment.json` carries each placed partition's leader epoch
-//! ([`Assignment::leader_epochs`]). The controller raises it whenever the partition's leader
-//! changes — to another broker, to none (a [`crate::handover`] move in progress) and back to
-//! one — and keeps it otherwise, as KRaft's controller does. Brokers report it in Metadata
+//! ([`Assignment::leader_epochs`]). The controller raises it whenever the partition leaves its
+//! leader — to none (a [`crate::handover`] move in progress) or straight to another broker —
+//! and keeps it otherwise; the leader that ends a handover keeps the handover's epoch (see
+//! [`next_epochs`]). KRaft's controller raises it the same way. Brokers report it in Metadata
 //! until the new leader has published the epoch it took the partition over at, and a
 //! take-over runs at this epoch unless a stored epoch already reached it (then one above
 //! that; see `Shard::take_over`).
@@ -43,17 +44,28 @@ fn leadership(a: &Assignment) -> BTreeMap<(&str, i32), Option<BrokerId>> {
 }
 
 /// The epochs of the file the controller is about to write (`next`'s partitions and pending
-/// moves decided), from the file before it: a partition whose leader is the same (the same
-/// broker, or still none) keeps its epoch; any other gets one above the previous epoch (1 for
-/// a partition new to the files, as its first take-over stores epoch 1). A partition the
-/// previous file led without an epoch (written before epochs existed) keeps having none until
-/// its leader changes.
+/// moves decided), from the file before it:
+/// - a partition whose leader is the same (the same broker, or still none) keeps its epoch;
+/// - a partition leaving its leader — to none (a handover) or straight to another broker —
+///   gets one above its previous epoch (1 for a partition new to the files, as its first
+///   take-over stores epoch 1);
+/// - a partition given a leader after none keeps the epoch its move got. No client is sent to
+///   "none", so sharing that epoch misleads nobody, and the next leader's epoch is then one
+///   above the old leader's, which is exactly what a take-over computes from the stored
+///   epochs — so a broker that predates controller epochs runs at the epoch reported for it.
+///
+/// A partition the previous file led without an epoch (written before epochs existed) keeps
+/// having none until its leader changes.
 pub fn next_epochs(previous: Option<&Assignment>, next: &Assignment) -> LeaderEpochs {
     let before = previous.map(leadership).unwrap_or_default();
     let mut out = Assignment::new(0, 0, Vec::new(), LeaderMap::new(), []);
     for ((topic, partition), now) in leadership(next) {
         let before_epoch = previous.and_then(|p| p.leader_epoch(topic, partition));
-        let epoch = if before.get(&(topic, partition)) == Some(&now) {
+        let keep = match before.get(&(topic, partition)) {
+            Some(was) => *was == now || (was.is_none() && now.is_some()),
+            None => false,
+        };
+        let epoch = if keep {
             before_epoch
         } else {
             Some(before_epoch.map_or(1, |e| e.saturating_add(1)))
@@ -139,10 +151,11 @@ mod tests {
         (0..n).map(|p| a.leader_epoch("t", p)).collect()
     }
 
-    /// Why: the epoch must rise at every change of leader — to none and back included — and
-    /// only then, or a client could not tell a new leadership from an old one.
+    /// Why: the epoch must rise whenever a partition leaves its leader, and only then, or a
+    /// client could not tell a new leadership from an old one; the leader that ends a handover
+    /// keeps the handover's epoch, as a take-over from the stored epochs would compute it.
     #[test]
-    fn an_epoch_rises_at_every_change_of_leader_and_only_then() {
+    fn an_epoch_rises_when_a_partition_leaves_its_leader_and_only_then() {
         let mut first = file(&[(0, 1), (1, 2)], &[]);
         first.leader_epochs = next_epochs(None, &first);
         assert_eq!(epochs_of(&first, 2), [Some(1), Some(1)]);
@@ -157,10 +170,15 @@ mod tests {
         third.leader_epochs = next_epochs(Some(&second), &third);
         assert_eq!(epochs_of(&third, 2), [Some(2), Some(1)]);
 
-        // Given to broker 2.
+        // Given to broker 2: the handover's epoch.
         let mut fourth = file(&[(0, 2), (1, 2)], &[]);
         fourth.leader_epochs = next_epochs(Some(&third), &fourth);
-        assert_eq!(epochs_of(&fourth, 2), [Some(3), Some(1)]);
+        assert_eq!(epochs_of(&fourth, 2), [Some(2), Some(1)]);
+
+        // Straight from broker 2 to broker 3 (its old leader was gone): raised.
+        let mut fifth = file(&[(0, 3), (1, 2)], &[]);
+        fifth.leader_epochs = next_epochs(Some(&fourth), &fifth);
+        assert_eq!(epochs_of(&fifth, 2), [Some(3), Some(1)]);
     }
 
     /// Why: a file written before epochs existed names leaders without them; inventing one for

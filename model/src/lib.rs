@@ -176,7 +176,8 @@ pub struct Assignment {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<PendingMove>,
     /// The leader epoch of every placed partition (led or pending), raised by the controller
-    /// at every change of leader, including to and from none — as KRaft's controller does.
+    /// whenever the partition leaves its leader (to none during a handover, or to another
+    /// broker), as KRaft's controller does; the leader ending a handover keeps its epoch.
     /// A broker taking a partition over runs it at this epoch, or above it when a stored epoch
     /// already reached it, so the epoch reported from this file before the new leader
     /// published its own is never above the leader's real one. What clients need of it: the

@@ -473,12 +473,26 @@ impl Shard {
                 .borrow()
                 .get(&(topic.id, partition))
                 .map(|t| t.epoch);
-            if let Some(taken) = taken {
-                let dir = topic.partition_dir(&self.config.data_dir, partition);
-                let stored = kaas_storage::stored_leader_epoch(&dir)?;
-                if stored != taken {
-                    tracing::warn!(shard = self.id, topic = %topic.name, partition, stored_epoch = stored, our_epoch = taken, "not reopening a partition another broker led since this one took it over; waiting for the assignment that moves it");
-                    return Err(StorageError::Closed);
+            match taken {
+                Some(taken) => {
+                    let dir = topic.partition_dir(&self.config.data_dir, partition);
+                    let stored = kaas_storage::stored_leader_epoch(&dir)?;
+                    if stored != taken {
+                        tracing::warn!(shard = self.id, topic = %topic.name, partition, stored_epoch = stored, our_epoch = taken, "not reopening a partition another broker led since this one took it over; waiting for the assignment that moves it");
+                        return Err(StorageError::Closed);
+                    }
+                }
+                None => {
+                    // Served by name but never taken over under this topic's id: the topic was
+                    // deleted and created again under the same name while every file this
+                    // broker applied kept it the leader. Opened as it was, the log would run
+                    // at epoch 0, unclaimed, below the epoch every other broker reports (the
+                    // assignment's), and clients holding that epoch would be refused for good.
+                    tracing::info!(shard = self.id, topic = %topic.name, partition, "taking over a partition of a topic created again under the same name");
+                    if let Err(e) = self.take_over(&topic.name, partition).await {
+                        tracing::warn!(shard = self.id, topic = %topic.name, partition, error = %e, "could not take over a partition of a re-created topic");
+                        return Err(StorageError::Closed);
+                    }
                 }
             }
         }
