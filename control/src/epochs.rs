@@ -25,23 +25,12 @@
 //! assigned epochs in step with epochs that take-overs outside the controller's count
 //! (a broker restarted under an unchanged file takes its partitions over again) have raised.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+use kaas_model::{set_leader_epoch, NO_EPOCH};
 
 use crate::assignment::{Assignment, LeaderEpochs};
-use crate::balancer::{BrokerId, LeaderMap, TopicPartition};
-
-/// Who led each placed partition of a file: a broker, or none (in handover).
-fn leadership(a: &Assignment) -> BTreeMap<(&str, i32), Option<BrokerId>> {
-    let led = a
-        .partitions
-        .iter()
-        .map(|(tp, l)| ((tp.topic.as_str(), tp.partition), Some(*l)));
-    let moving = a
-        .pending
-        .iter()
-        .map(|m| ((m.topic.as_str(), m.partition), None));
-    led.chain(moving).collect()
-}
+use crate::balancer::{BrokerId, TopicPartition};
 
 /// The epochs of the file the controller is about to write (`next`'s partitions and pending
 /// moves decided), from the file before it:
@@ -56,13 +45,34 @@ fn leadership(a: &Assignment) -> BTreeMap<(&str, i32), Option<BrokerId>> {
 ///
 /// A partition the previous file led without an epoch (written before epochs existed) keeps
 /// having none until its leader changes.
+///
+/// Runs in every controller round (five a second) over every partition: it walks `next`'s
+/// own maps and looks the previous file up by key, building nothing per partition but the
+/// handful of pending moves' keys.
 pub fn next_epochs(previous: Option<&Assignment>, next: &Assignment) -> LeaderEpochs {
-    let before = previous.map(leadership).unwrap_or_default();
-    let mut out = Assignment::new(0, 0, Vec::new(), LeaderMap::new(), []);
-    for ((topic, partition), now) in leadership(next) {
-        let before_epoch = previous.and_then(|p| p.leader_epoch(topic, partition));
-        let keep = match before.get(&(topic, partition)) {
-            Some(was) => *was == now || (was.is_none() && now.is_some()),
+    let was_pending: BTreeSet<(&str, i32)> = previous
+        .map(|p| {
+            p.pending
+                .iter()
+                .map(|m| (m.topic.as_str(), m.partition))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Who led `tp` in the previous file: a broker, none (in handover), or unplaced (`None`).
+    let before = |tp: &TopicPartition| -> Option<Option<BrokerId>> {
+        let p = previous?;
+        match p.partitions.get(tp) {
+            Some(l) => Some(Some(*l)),
+            None => was_pending
+                .contains(&(tp.topic.as_str(), tp.partition))
+                .then_some(None),
+        }
+    };
+    let mut out = LeaderEpochs::new();
+    let mut put = |tp: &TopicPartition, now: Option<BrokerId>| {
+        let before_epoch = previous.and_then(|p| p.leader_epoch(&tp.topic, tp.partition));
+        let keep = match before(tp) {
+            Some(was) => was == now || (was.is_none() && now.is_some()),
             None => false,
         };
         let epoch = if keep {
@@ -71,10 +81,16 @@ pub fn next_epochs(previous: Option<&Assignment>, next: &Assignment) -> LeaderEp
             Some(before_epoch.map_or(1, |e| e.saturating_add(1)))
         };
         if let Some(e) = epoch {
-            out.set_leader_epoch(topic, partition, e);
+            set_leader_epoch(&mut out, &tp.topic, tp.partition, e);
         }
+    };
+    for (tp, l) in &next.partitions {
+        put(tp, Some(*l));
     }
-    out.leader_epochs
+    for m in &next.pending {
+        put(&m.tp(), None);
+    }
+    out
 }
 
 /// At most this many claims are read for one file. Each is a small file on the shared volume
@@ -100,7 +116,7 @@ pub fn raise_past_claims(
         .flat_map(|(topic, row)| {
             row.iter().enumerate().filter_map(move |(p, &e)| {
                 let p = i32::try_from(p).ok()?;
-                (e >= 0).then(|| (TopicPartition::new(topic.clone(), p), e))
+                (e > NO_EPOCH).then(|| (TopicPartition::new(topic.clone(), p), e))
             })
         })
         .filter(|(tp, e)| {

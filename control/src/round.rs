@@ -14,7 +14,7 @@
 //!   dropped for not having reconnected yet;
 //! - the handover never names a new leader for a partition before its old leader confirmed
 //!   (applied the file that took it away) or went silent past its release time;
-//! - a partition's leader epoch rises exactly when its leader changes (`crate::epochs`).
+//! - a partition's leader epoch rises exactly when it leaves its leader (`crate::epochs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -66,6 +66,22 @@ pub type LeaderEpochs = BTreeMap<String, Vec<i32>>;
 /// "No epoch": a partition without an entry in [`Assignment::leader_epochs`].
 pub const NO_EPOCH: i32 = -1;
 
+/// Sets a partition's epoch in `epochs`, padding the topic's row with [`NO_EPOCH`].
+pub fn set_leader_epoch(epochs: &mut LeaderEpochs, topic: &str, partition: i32, epoch: i32) {
+    let Ok(index) = usize::try_from(partition) else {
+        return;
+    };
+    // Looked up before inserting, so a row that exists costs no copy of the name.
+    let row = match epochs.get_mut(topic) {
+        Some(row) => row,
+        None => epochs.entry(topic.to_string()).or_default(),
+    };
+    if row.len() <= index {
+        row.resize(index + 1, NO_EPOCH);
+    }
+    row[index] = epoch;
+}
+
 /// FNV-1a, 32-bit, over `bytes`: the group-coordinator hash. Every broker and the controller
 /// must agree on it bit for bit, so it is spelled out here rather than taken from a crate whose
 /// output could change.
@@ -297,18 +313,7 @@ impl Assignment {
 
     /// Sets a partition's leader epoch in [`Assignment::leader_epochs`].
     pub fn set_leader_epoch(&mut self, topic: &str, partition: i32, epoch: i32) {
-        let Ok(index) = usize::try_from(partition) else {
-            return;
-        };
-        // Looked up before inserting, so a row that exists costs no copy of the name.
-        let row = match self.leader_epochs.get_mut(topic) {
-            Some(row) => row,
-            None => self.leader_epochs.entry(topic.to_string()).or_default(),
-        };
-        if row.len() <= index {
-            row.resize(index + 1, NO_EPOCH);
-        }
-        row[index] = epoch;
+        set_leader_epoch(&mut self.leader_epochs, topic, partition, epoch);
     }
 
     /// The broker row for `id`.
