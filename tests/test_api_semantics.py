@@ -692,6 +692,48 @@ def test_broker_configs_given_at_start(broker_factory, tmp_path):
         assert not (tmp_path / "never").exists()
 
 
+def test_a_broker_config_lists_every_layer_that_sets_it_as_its_synonyms(broker_factory):
+    """DescribeConfigs of a broker with synonyms lists, for each config, every layer that sets
+    it, highest first, as Kafka's ConfigHelper does: this broker's dynamic config (source 2),
+    the cluster-wide dynamic default (3), the static setting (4) and the built-in default (5);
+    `log.retention.ms` has no built-in default of its own in Kafka. The cluster-wide default
+    entity lists only its own layer. kaas listed no synonyms for a broker at all (found with
+    KafkaJS's admin client, which asks for them)."""
+    from kafka.protocol.admin import DescribeConfigsRequest as D
+    from kafka.protocol.admin import IncrementalAlterConfigsRequest as IAC
+    b = broker_factory(extra_args=["--broker-config", "log.retention.ms=123456789",
+                                   "--broker-config", "message.max.bytes=2000"])
+    [broker_id] = [str(i) for i in admin(b.bootstrap).list_topics(timeout=10).brokers]
+    # This broker's own dynamic config, then the cluster-wide default (the empty name).
+    for entity, (name, value) in ((broker_id, ("log.retention.ms", "42000")),
+                                  ("", ("message.max.bytes", "3000"))):
+        (r,) = kwire.send(b, IAC[1](resources=[IAC.AlterConfigsResource(
+            resource_type=4, resource_name=entity, configs=[
+                IAC.AlterConfigsResource.AlterableConfig(
+                    name=name, config_operation=0, value=value)])],
+            validate_only=False)).responses
+        assert r.error_code == 0, r
+
+    def synonyms(entity, names):
+        (r,) = kwire.send(b, D[1](resources=[D.DescribeConfigsResource(
+            resource_type=4, resource_name=entity, configuration_keys=names)],
+            include_synonyms=True)).results
+        assert r.error_code == 0, r
+        return {c.name: [(s.source, s.name, s.value) for s in c.synonyms] for c in r.configs}
+
+    got = synonyms(broker_id, ["log.retention.ms", "message.max.bytes", "log.cleanup.policy"])
+    assert got == {
+        "log.retention.ms": [(2, "log.retention.ms", "42000"),
+                             (4, "log.retention.ms", "123456789")],
+        "message.max.bytes": [(3, "message.max.bytes", "3000"),
+                              (4, "message.max.bytes", "2000"),
+                              (5, "message.max.bytes", "1048588")],
+        "log.cleanup.policy": [(5, "log.cleanup.policy", "delete")],
+    }, got
+    assert synonyms("", ["message.max.bytes"]) == {
+        "message.max.bytes": [(3, "message.max.bytes", "3000")]}
+
+
 def test_a_topic_named_twice_in_one_admin_request_is_refused_as_kafka_does(broker):
     """Found with segmentio/kafka-go's suite (TestConnCreateTopics), compared with Kafka's
     controller: a CreateTopics, DeleteTopics or CreatePartitions request that names one topic

@@ -198,7 +198,12 @@ fn describe_broker(
         listed.extend(fresh.into_keys());
     }
     if id.is_empty() {
-        return Ok(configs);
+        return Ok(with_broker_synonyms(
+            shard,
+            configs,
+            false,
+            req.include_synonyms,
+        ));
     }
     let doc = |name: &str| broker_doc(req.include_documentation, name);
     // `--broker-config` at start, where no dynamic config replaces it.
@@ -229,7 +234,85 @@ fn describe_broker(
             configs.push(if v.is_none() { e.with_value(None) } else { e });
         }
     }
-    Ok(configs)
+    Ok(with_broker_synonyms(
+        shard,
+        configs,
+        true,
+        req.include_synonyms,
+    ))
+}
+
+/// Adds Kafka's synonyms to broker config entries when they were asked for
+/// (`ConfigHelper.configSynonyms`): every layer that sets the config, highest first (this
+/// broker's dynamic config, the cluster-wide dynamic default, the static setting, the built-in
+/// default), a sensitive one without its value. The default entity (`per_broker` false) lists
+/// only the cluster-wide layer, as Kafka does. Tools show the chain to say where a value comes
+/// from (`kafka-configs --describe --all`); it was always empty (found with KafkaJS).
+fn with_broker_synonyms(
+    shard: &Shard,
+    configs: Vec<DescribeConfigsResourceResult>,
+    per_broker: bool,
+    asked: bool,
+) -> Vec<DescribeConfigsResourceResult> {
+    if !asked {
+        return configs;
+    }
+    let (own, default) = (
+        shard.catalog.own_broker_configs(),
+        shard.catalog.broker_configs(),
+    );
+    let mut static_: BTreeMap<String, String> = broker_configs(shard)
+        .into_iter()
+        .map(|(n, v, _)| (n.to_string(), v))
+        .collect();
+    let mut builtin = BTreeMap::new();
+    for (n, v, source) in broker_defaults(shard) {
+        let Some(v) = v else { continue };
+        if source == SOURCE_STATIC_BROKER {
+            static_.insert(n.to_string(), v);
+        } else if topic_config::topic_key_for_broker(n)
+            .is_none_or(|t| topic_config::default_synonym(t) == Some(n))
+        {
+            // `log.retention.ms` and `log.roll.ms` have no default of their own in Kafka.
+            builtin.insert(n.to_string(), v);
+        }
+    }
+    // `--broker-config` values sit above the flags' defaults.
+    static_.extend(
+        shard
+            .catalog
+            .static_broker_configs()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone())),
+    );
+    let layers: [(&BTreeMap<String, String>, topic_config::Source); 4] = [
+        (&*own, topic_config::Source::DynamicBroker),
+        (&*default, topic_config::Source::DynamicBrokerDefault),
+        (&static_, topic_config::Source::StaticBroker),
+        (&builtin, topic_config::Source::Default),
+    ];
+    configs
+        .into_iter()
+        .map(|e| {
+            let name = e.name.to_string();
+            let sensitive = e.is_sensitive;
+            let synonyms = layers
+                .iter()
+                .filter(|(_, source)| {
+                    per_broker || *source == topic_config::Source::DynamicBrokerDefault
+                })
+                .filter_map(|(layer, source)| {
+                    layer.get(&name).map(|v| {
+                        DescribeConfigsSynonym::default()
+                            .with_name(s(&name))
+                            .with_value((!sensitive).then(|| s(v)))
+                            .with_source(*source as i8)
+                    })
+                })
+                .collect();
+            e.with_synonyms(synonyms)
+        })
+        .collect()
 }
 
 /// The dynamic broker configs nobody set (name, value, source; a `None` value is Kafka's null):
