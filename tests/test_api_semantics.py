@@ -696,9 +696,10 @@ def test_a_broker_config_lists_every_layer_that_sets_it_as_its_synonyms(broker_f
     """DescribeConfigs of a broker with synonyms lists, for each config, every layer that sets
     it, highest first, as Kafka's ConfigHelper does: this broker's dynamic config (source 2),
     the cluster-wide dynamic default (3), the static setting (4) and the built-in default (5);
-    `log.retention.ms` has no built-in default of its own in Kafka. The cluster-wide default
-    entity lists only its own layer. kaas listed no synonyms for a broker at all (found with
-    KafkaJS's admin client, which asks for them)."""
+    `log.retention.ms` has no built-in default of its own in Kafka, which lists
+    `log.retention.hours`'s instead. The cluster-wide default entity lists only its own layer.
+    kaas listed no synonyms for a broker at all (found with KafkaJS's admin client, which asks
+    for them)."""
     from kafka.protocol.admin import DescribeConfigsRequest as D
     from kafka.protocol.admin import IncrementalAlterConfigsRequest as IAC
     b = broker_factory(extra_args=["--broker-config", "log.retention.ms=123456789",
@@ -724,7 +725,8 @@ def test_a_broker_config_lists_every_layer_that_sets_it_as_its_synonyms(broker_f
     got = synonyms(broker_id, ["log.retention.ms", "message.max.bytes", "log.cleanup.policy"])
     assert got == {
         "log.retention.ms": [(2, "log.retention.ms", "42000"),
-                             (4, "log.retention.ms", "123456789")],
+                             (4, "log.retention.ms", "123456789"),
+                             (5, "log.retention.hours", "168")],
         "message.max.bytes": [(3, "message.max.bytes", "3000"),
                               (4, "message.max.bytes", "2000"),
                               (5, "message.max.bytes", "1048588")],

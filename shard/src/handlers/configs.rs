@@ -265,17 +265,22 @@ fn with_broker_synonyms(
         .into_iter()
         .map(|(n, v, _)| (n.to_string(), v))
         .collect();
-    let mut builtin = BTreeMap::new();
+    // Config name -> the (name, value) Kafka lists as its built-in default.
+    let mut builtin: BTreeMap<String, (&str, String)> = BTreeMap::new();
     for (n, v, source) in broker_defaults(shard) {
         let Some(v) = v else { continue };
         if source == SOURCE_STATIC_BROKER {
             static_.insert(n.to_string(), v);
-        } else if topic_config::topic_key_for_broker(n)
-            .is_none_or(|t| topic_config::default_synonym(t) == Some(n))
-        {
-            // `log.retention.ms` and `log.roll.ms` have no default of their own in Kafka.
-            builtin.insert(n.to_string(), v);
+            continue;
         }
+        let listed = match n {
+            // No default of their own in Kafka: they fall back to their `.hours` forms, which
+            // Kafka lists among their synonyms (`DynamicBrokerConfig.brokerConfigSynonyms`).
+            "log.retention.ms" => ("log.retention.hours", "168".to_string()),
+            "log.roll.ms" => ("log.roll.hours", "168".to_string()),
+            _ => (n, v),
+        };
+        builtin.insert(n.to_string(), listed);
     }
     // `--broker-config` values sit above the flags' defaults.
     static_.extend(
@@ -285,11 +290,10 @@ fn with_broker_synonyms(
             .iter()
             .map(|(n, v)| (n.clone(), v.clone())),
     );
-    let layers: [(&BTreeMap<String, String>, topic_config::Source); 4] = [
+    let layers: [(&BTreeMap<String, String>, topic_config::Source); 3] = [
         (&*own, topic_config::Source::DynamicBroker),
         (&*default, topic_config::Source::DynamicBrokerDefault),
         (&static_, topic_config::Source::StaticBroker),
-        (&builtin, topic_config::Source::Default),
     ];
     configs
         .into_iter()
@@ -301,13 +305,18 @@ fn with_broker_synonyms(
                 .filter(|(_, source)| {
                     per_broker || *source == topic_config::Source::DynamicBrokerDefault
                 })
-                .filter_map(|(layer, source)| {
-                    layer.get(&name).map(|v| {
-                        DescribeConfigsSynonym::default()
-                            .with_name(s(&name))
-                            .with_value((!sensitive).then(|| s(v)))
-                            .with_source(*source as i8)
-                    })
+                .filter_map(|(layer, source)| layer.get(&name).map(|v| (&*name, v, *source)))
+                .chain(
+                    builtin
+                        .get(&name)
+                        .filter(|_| per_broker)
+                        .map(|(n, v)| (*n, v, topic_config::Source::Default)),
+                )
+                .map(|(n, v, source)| {
+                    DescribeConfigsSynonym::default()
+                        .with_name(s(n))
+                        .with_value((!sensitive).then(|| s(v)))
+                        .with_source(source as i8)
                 })
                 .collect();
             e.with_synonyms(synonyms)
