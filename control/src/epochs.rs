@@ -110,17 +110,16 @@ pub fn raise_past_claims(
     next: &mut Assignment,
     claimed: impl Fn(&TopicPartition) -> Option<i32>,
 ) -> usize {
+    // Only the changed partitions' names are copied: the file may hold 100,000 partitions.
     let changed: Vec<(TopicPartition, i32)> = next
         .leader_epochs
         .iter()
         .flat_map(|(topic, row)| {
             row.iter().enumerate().filter_map(move |(p, &e)| {
                 let p = i32::try_from(p).ok()?;
-                (e > NO_EPOCH).then(|| (TopicPartition::new(topic.clone(), p), e))
+                let unchanged = previous.and_then(|prev| prev.leader_epoch(topic, p)) == Some(e);
+                (e > NO_EPOCH && !unchanged).then(|| (TopicPartition::new(topic.clone(), p), e))
             })
-        })
-        .filter(|(tp, e)| {
-            previous.and_then(|p| p.leader_epoch(&tp.topic, tp.partition)) != Some(*e)
         })
         .take(MAX_CLAIMS_READ)
         .collect();

@@ -198,13 +198,12 @@ fn describe_broker(
         listed.extend(fresh.into_keys());
     }
     if id.is_empty() {
-        return Ok(with_broker_synonyms(
-            shard,
-            configs,
-            false,
-            req.include_synonyms,
-        ));
+        if req.include_synonyms {
+            add_broker_synonyms(&mut configs, &default, None);
+        }
+        return Ok(configs);
     }
+    let (flags, defaults) = (broker_configs(shard), broker_defaults(shard));
     let doc = |name: &str| broker_doc(req.include_documentation, name);
     // `--broker-config` at start, where no dynamic config replaces it.
     for (n, v) in static_.iter() {
@@ -218,110 +217,97 @@ fn describe_broker(
             ));
         }
     }
-    for (n, v, k) in broker_configs(shard) {
+    for (n, v, k) in &flags {
         if wanted(n) && listed.insert(n.to_string()) {
-            configs.push(entry(n, &v, SOURCE_STATIC_BROKER, k, true, None));
+            configs.push(entry(n, v, SOURCE_STATIC_BROKER, *k, true, None));
         }
     }
     // Everything else kaas knows at its default, as Kafka lists every broker config (most of
     // them DEFAULT_CONFIG): `kafka-configs --describe --all`, and tools that read one config
     // by name before they change it (sarama's suite reads `log.cleaner.backoff.ms`).
-    for (n, v, source) in broker_defaults(shard) {
+    for (n, v, source) in &defaults {
         if wanted(n) && listed.insert(n.to_string()) {
             let value = v.as_deref().unwrap_or("");
-            let e = broker_entry(n, value, source, false, doc(n).as_deref());
+            let e = broker_entry(n, value, *source, false, doc(n).as_deref());
             // Kafka's null default has no value (a password has none already).
             configs.push(if v.is_none() { e.with_value(None) } else { e });
         }
     }
-    Ok(with_broker_synonyms(
-        shard,
-        configs,
-        true,
-        req.include_synonyms,
-    ))
+    if req.include_synonyms {
+        let this = ThisBroker {
+            own: &own,
+            static_: &static_,
+            flags: &flags,
+            defaults: &defaults,
+        };
+        add_broker_synonyms(&mut configs, &default, Some(&this));
+    }
+    Ok(configs)
 }
 
-/// Adds Kafka's synonyms to broker config entries when they were asked for
-/// (`ConfigHelper.configSynonyms`): every layer that sets the config, highest first (this
-/// broker's dynamic config, the cluster-wide dynamic default, the static setting, the built-in
-/// default), a sensitive one without its value. The default entity (`per_broker` false) lists
-/// only the cluster-wide layer, as Kafka does. Tools show the chain to say where a value comes
-/// from (`kafka-configs --describe --all`); it was always empty (found with KafkaJS).
-fn with_broker_synonyms(
-    shard: &Shard,
-    configs: Vec<DescribeConfigsResourceResult>,
-    per_broker: bool,
-    asked: bool,
-) -> Vec<DescribeConfigsResourceResult> {
-    if !asked {
-        return configs;
-    }
-    let (own, default) = (
-        shard.catalog.own_broker_configs(),
-        shard.catalog.broker_configs(),
-    );
-    let mut static_: BTreeMap<String, String> = broker_configs(shard)
-        .into_iter()
-        .map(|(n, v, _)| (n.to_string(), v))
-        .collect();
-    // Config name -> the (name, value) Kafka lists as its built-in default.
-    let mut builtin: BTreeMap<String, (&str, String)> = BTreeMap::new();
-    for (n, v, source) in broker_defaults(shard) {
-        let Some(v) = v else { continue };
-        if source == SOURCE_STATIC_BROKER {
-            static_.insert(n.to_string(), v);
-            continue;
-        }
-        let listed = match n {
-            // No default of their own in Kafka: they fall back to their `.hours` forms, which
-            // Kafka lists among their synonyms (`DynamicBrokerConfig.brokerConfigSynonyms`).
-            "log.retention.ms" => ("log.retention.hours", "168".to_string()),
-            "log.roll.ms" => ("log.roll.hours", "168".to_string()),
-            _ => (n, v),
-        };
-        builtin.insert(n.to_string(), listed);
-    }
-    // `--broker-config` values sit above the flags' defaults.
-    static_.extend(
-        shard
-            .catalog
-            .static_broker_configs()
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone())),
-    );
-    let layers: [(&BTreeMap<String, String>, topic_config::Source); 3] = [
-        (&*own, topic_config::Source::DynamicBroker),
-        (&*default, topic_config::Source::DynamicBrokerDefault),
-        (&static_, topic_config::Source::StaticBroker),
-    ];
-    configs
-        .into_iter()
-        .map(|e| {
-            let name = e.name.to_string();
-            let sensitive = e.is_sensitive;
-            let synonyms = layers
+/// The layers of this broker's configs below the cluster-wide dynamic defaults, as
+/// [`describe_broker`] lists them.
+struct ThisBroker<'a> {
+    own: &'a BTreeMap<String, String>,
+    static_: &'a BTreeMap<String, String>,
+    flags: &'a [(&'static str, String, ConfigType)],
+    defaults: &'a [(&'static str, Option<String>, i8)],
+}
+
+/// Kafka's synonyms of each broker config entry (`ConfigHelper.configSynonyms`): every layer
+/// that sets it, highest first (this broker's dynamic config, the cluster-wide dynamic
+/// default, the static setting, the built-in default), a sensitive one without its value. The
+/// default entity (`this` None) has only the cluster-wide layer, as in Kafka. Tools show the
+/// chain to say where a value comes from (`kafka-configs --describe --all`); it was always
+/// empty (found with KafkaJS).
+fn add_broker_synonyms(
+    configs: &mut [DescribeConfigsResourceResult],
+    dynamic_default: &BTreeMap<String, String>,
+    this: Option<&ThisBroker>,
+) {
+    use topic_config::Source;
+    for e in configs {
+        let name: &str = &e.name;
+        let mut chain: Vec<(&str, &str, Source)> = Vec::new();
+        let own = this.and_then(|b| b.own.get(name));
+        chain.extend(own.map(|v| (name, v.as_str(), Source::DynamicBroker)));
+        let cluster = dynamic_default.get(name);
+        chain.extend(cluster.map(|v| (name, v.as_str(), Source::DynamicBrokerDefault)));
+        if let Some(b) = this {
+            let flag = || b.flags.iter().find(|(n, ..)| *n == name).map(|(_, v, _)| v);
+            let static_ = b.static_.get(name).or_else(flag).or_else(|| {
+                b.defaults
+                    .iter()
+                    .find(|(n, _, src)| *n == name && *src == SOURCE_STATIC_BROKER)
+                    .and_then(|(_, v, _)| v.as_ref())
+            });
+            chain.extend(static_.map(|v| (name, v.as_str(), Source::StaticBroker)));
+            let builtin = b
+                .defaults
                 .iter()
-                .filter(|(_, source)| {
-                    per_broker || *source == topic_config::Source::DynamicBrokerDefault
-                })
-                .filter_map(|(layer, source)| layer.get(&name).map(|v| (&*name, v, *source)))
-                .chain(
-                    builtin
-                        .get(&name)
-                        .filter(|_| per_broker)
-                        .map(|(n, v)| (*n, v, topic_config::Source::Default)),
-                )
-                .map(|(n, v, source)| {
-                    DescribeConfigsSynonym::default()
-                        .with_name(s(n))
-                        .with_value((!sensitive).then(|| s(v)))
-                        .with_source(source as i8)
-                })
-                .collect();
-            e.with_synonyms(synonyms)
-        })
-        .collect()
+                .find(|(n, _, src)| *n == name && *src == SOURCE_DEFAULT)
+                .and_then(|(_, v, _)| v.as_deref());
+            let listed = match name {
+                // No default of their own in Kafka: they fall back to their `.hours` forms,
+                // which Kafka lists after the layers that set the config itself, and not at
+                // all when none does (it drops the synonyms before the config's own name).
+                "log.retention.ms" => (!chain.is_empty()).then_some(("log.retention.hours", "168")),
+                "log.roll.ms" => (!chain.is_empty()).then_some(("log.roll.hours", "168")),
+                _ => builtin.map(|v| (name, v)),
+            };
+            chain.extend(listed.map(|(n, v)| (n, v, Source::Default)));
+        }
+        let synonyms = chain
+            .into_iter()
+            .map(|(n, v, source)| {
+                DescribeConfigsSynonym::default()
+                    .with_name(s(n))
+                    .with_value((!e.is_sensitive).then(|| s(v)))
+                    .with_source(source as i8)
+            })
+            .collect();
+        e.synonyms = synonyms;
+    }
 }
 
 /// The dynamic broker configs nobody set (name, value, source; a `None` value is Kafka's null):
