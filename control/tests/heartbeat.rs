@@ -431,6 +431,7 @@ async fn expect_no_ack(broker: &mut Broker, what: &str) {
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 async fn forged_statuses_are_refused_and_signed_ones_accepted() {
     use kaas_control::heartbeat::auth::{ClusterKey, REFUSED};
+    use kaas_proto::framed::Framed;
     use kaas_proto::heartbeat::heartbeat_client::HeartbeatClient as GrpcClient;
     use kaas_proto::heartbeat::BrokerStatus;
 
@@ -471,28 +472,24 @@ async fn forged_statuses_are_refused_and_signed_ones_accepted() {
     let stranger = ClusterKey::from_bytes(b"a stranger's guess at the key!!!");
     let forgeries = [
         // Unsigned: a fake broker 7 advertising the forger's address.
-        BrokerStatus {
+        Framed::new(BrokerStatus {
             broker_id: 7,
             advertised_host: "203.0.113.7".into(),
             advertised_port: 9092,
             healthy: true,
             sequence: 1,
             ..Default::default()
-        },
+        }),
         // Signed with another key: broker 1, draining, another host, a large sequence.
-        {
-            let mut s = BrokerStatus {
-                broker_id: 1,
-                advertised_host: "203.0.113.7".into(),
-                advertised_port: 9092,
-                healthy: true,
-                draining: true,
-                sequence: 1 << 40,
-                ..Default::default()
-            };
-            stranger.sign_status(&mut s);
-            s
-        },
+        stranger.sign_status(BrokerStatus {
+            broker_id: 1,
+            advertised_host: "203.0.113.7".into(),
+            advertised_port: 9092,
+            healthy: true,
+            draining: true,
+            sequence: 1 << 40,
+            ..Default::default()
+        }),
     ];
     for forged in forgeries {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))

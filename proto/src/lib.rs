@@ -8,4 +8,7 @@
 #[allow(clippy::all, missing_docs)]
 pub mod heartbeat {
     tonic::include_proto!("kaas.heartbeat.v1");
+    include!(concat!(env!("OUT_DIR"), "/kaas.heartbeat.v1.Heartbeat.rs"));
 }
+
+pub mod framed;

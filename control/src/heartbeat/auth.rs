@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kaas_proto::framed::{append_bytes_field, split_field, Framed};
 use kaas_proto::heartbeat::{BrokerStatus, ControllerMessage};
 use prost::Message;
 use ring::hmac;
@@ -154,27 +155,22 @@ impl ClusterKey {
     }
 
     /// Signs a status as its `broker_id`, stamping the send time.
-    pub fn sign_status(&self, status: &mut BrokerStatus) {
+    pub fn sign_status(&self, mut status: BrokerStatus) -> Framed<BrokerStatus> {
         status.sent_at_unix_ms = now_unix_ms();
-        status.auth.clear();
-        let tag = hmac::sign(&self.broker_key(status.broker_id), &status.encode_to_vec());
-        status.auth = tag.as_ref().to_vec();
+        let key = self.broker_key(status.broker_id);
+        sign(&key, status, STATUS_AUTH_FIELD, |s| &mut s.auth)
     }
 
-    /// Checks a status's signature and send time.
-    pub fn verify_status(&self, status: &BrokerStatus) -> Result<(), AuthError> {
-        if status.auth.is_empty() {
-            return Err(AuthError::Missing);
-        }
-        let mut unsigned = status.clone();
-        unsigned.auth.clear();
-        hmac::verify(
-            &self.broker_key(status.broker_id),
-            &unsigned.encode_to_vec(),
-            &status.auth,
-        )
-        .map_err(|_| AuthError::Bad(status.broker_id))?;
-        let skew = now_unix_ms().abs_diff(status.sent_at_unix_ms);
+    /// Checks a status's signature, over the bytes it arrived as, and its send time.
+    pub fn verify_status(&self, status: &Framed<BrokerStatus>) -> Result<(), AuthError> {
+        let broker = status.message.broker_id;
+        verify(
+            &self.broker_key(broker),
+            &status.wire,
+            STATUS_AUTH_FIELD,
+            broker,
+        )?;
+        let skew = now_unix_ms().abs_diff(status.message.sent_at_unix_ms);
         if skew > MAX_CLOCK_SKEW.as_millis() as u64 {
             return Err(AuthError::Stale(Duration::from_millis(skew)));
         }
@@ -182,30 +178,72 @@ impl ClusterKey {
     }
 
     /// Signs a controller message for `broker_id`.
-    pub fn sign_message(&self, message: &mut ControllerMessage, broker_id: i32) {
+    pub fn sign_message(
+        &self,
+        mut message: ControllerMessage,
+        broker_id: i32,
+    ) -> Framed<ControllerMessage> {
         message.broker_id = broker_id;
-        message.auth.clear();
-        let tag = hmac::sign(&self.broker_key(broker_id), &message.encode_to_vec());
-        message.auth = tag.as_ref().to_vec();
+        sign(
+            &self.broker_key(broker_id),
+            message,
+            MESSAGE_AUTH_FIELD,
+            |m| &mut m.auth,
+        )
     }
 
-    /// Checks that a controller message is signed for `me`.
-    pub fn verify_message(&self, message: &ControllerMessage, me: i32) -> Result<(), AuthError> {
-        if message.auth.is_empty() {
-            return Err(AuthError::Missing);
+    /// Checks that a controller message is signed for `me`, over the bytes it arrived as.
+    pub fn verify_message(
+        &self,
+        message: &Framed<ControllerMessage>,
+        me: i32,
+    ) -> Result<(), AuthError> {
+        if message.message.broker_id != me {
+            return Err(if message.message.auth.is_empty() {
+                AuthError::Missing
+            } else {
+                AuthError::Bad(message.message.broker_id)
+            });
         }
-        if message.broker_id != me {
-            return Err(AuthError::Bad(message.broker_id));
-        }
-        let mut unsigned = message.clone();
-        unsigned.auth.clear();
-        hmac::verify(
-            &self.broker_key(me),
-            &unsigned.encode_to_vec(),
-            &message.auth,
-        )
-        .map_err(|_| AuthError::Bad(me))
+        verify(&self.broker_key(me), &message.wire, MESSAGE_AUTH_FIELD, me)
     }
+}
+
+/// Field number of `BrokerStatus.auth` in `heartbeat.proto`.
+const STATUS_AUTH_FIELD: u32 = 13;
+/// Field number of `ControllerMessage.auth` in `heartbeat.proto`.
+const MESSAGE_AUTH_FIELD: u32 = 4;
+
+/// Encodes `message` without a signature, signs those bytes and appends the signature field,
+/// which gives the same bytes as this version's encoding of the message with it (prost writes
+/// fields in number order, and the signature has the highest number this version knows), so a
+/// broker of the version before, which checks a re-encoding, accepts it. [`verify`] takes the
+/// signature out wherever it is.
+fn sign<M: Message>(
+    key: &hmac::Key,
+    mut message: M,
+    field: u32,
+    auth: impl Fn(&mut M) -> &mut Vec<u8>,
+) -> Framed<M> {
+    auth(&mut message).clear();
+    let mut wire = message.encode_to_vec();
+    let tag = hmac::sign(key, &wire);
+    append_bytes_field(&mut wire, field, tag.as_ref());
+    *auth(&mut message) = tag.as_ref().to_vec();
+    Framed {
+        message,
+        wire: wire.into(),
+    }
+}
+
+/// Checks the signature in field `field` of `wire` over the rest of `wire` as it arrived.
+///
+/// Not over a re-encoding of the decoded message: that drops the fields of a newer kaas this
+/// one does not know, and would refuse every message of a newer broker in a rolling upgrade.
+fn verify(key: &hmac::Key, wire: &[u8], field: u32, broker: i32) -> Result<(), AuthError> {
+    let (signed, tag) = split_field(wire, field).map_err(|_| AuthError::Bad(broker))?;
+    let tag = tag.filter(|t| !t.is_empty()).ok_or(AuthError::Missing)?;
+    hmac::verify(key, &signed, tag).map_err(|_| AuthError::Bad(broker))
 }
 
 fn now_unix_ms() -> u64 {
@@ -242,46 +280,142 @@ mod tests {
         }
     }
 
+    /// The status as a forger would send it: the signed one changed, its signature kept.
+    fn tampered(
+        signed: &Framed<BrokerStatus>,
+        change: impl FnOnce(&mut BrokerStatus),
+    ) -> Framed<BrokerStatus> {
+        let mut message = signed.message.clone();
+        change(&mut message);
+        Framed::new(message)
+    }
+
     // Proves: a signed status verifies; changing any field, claiming another id, signing with
     // another cluster key, leaving it unsigned or replaying it late is refused.
     #[test]
     fn statuses_are_bound_to_the_key_the_id_and_the_time() {
         let key = ClusterKey::from_bytes(b"0123456789abcdef0123456789abcdef");
-        let mut s = status(1);
-        key.sign_status(&mut s);
+        let s = key.sign_status(status(1));
         assert_eq!(key.verify_status(&s), Ok(()));
+        assert_eq!(
+            s.wire,
+            s.message.encode_to_vec(),
+            "the bytes sent are the message's own encoding, signature included"
+        );
 
-        let mut moved = s.clone();
-        moved.advertised_host = "203.0.113.7".into();
+        let moved = tampered(&s, |m| m.advertised_host = "203.0.113.7".into());
         assert_eq!(key.verify_status(&moved), Err(AuthError::Bad(1)));
-        let mut other_id = s.clone();
-        other_id.broker_id = 2;
+        let other_id = tampered(&s, |m| m.broker_id = 2);
         assert_eq!(key.verify_status(&other_id), Err(AuthError::Bad(2)));
         let stranger = ClusterKey::from_bytes(b"another cluster's key, 32 bytes!");
-        let mut forged = status(1);
-        stranger.sign_status(&mut forged);
+        let forged = stranger.sign_status(status(1));
         assert_eq!(key.verify_status(&forged), Err(AuthError::Bad(1)));
-        assert_eq!(key.verify_status(&status(1)), Err(AuthError::Missing));
+        assert_eq!(
+            key.verify_status(&Framed::new(status(1))),
+            Err(AuthError::Missing)
+        );
+        let mut garbage = s.wire.to_vec();
+        garbage.push(0x0b); // a group: not a field of any heartbeat message
+        let garbage = Framed {
+            wire: garbage.into(),
+            ..s.clone()
+        };
+        assert_eq!(key.verify_status(&garbage), Err(AuthError::Bad(1)));
 
-        // Re-signed with a send time an hour ago (as a replay would carry).
+        // Signed with a send time an hour ago (as a replay would carry).
         let mut late = status(1);
         late.sent_at_unix_ms = now_unix_ms() - 3_600_000;
-        let tag = hmac::sign(&key.broker_key(1), &late.encode_to_vec());
-        late.auth = tag.as_ref().to_vec();
+        let late = sign(&key.broker_key(1), late, STATUS_AUTH_FIELD, |m| &mut m.auth);
         assert!(matches!(key.verify_status(&late), Err(AuthError::Stale(_))));
+    }
+
+    /// A status or controller message from a newer kaas, with fields this version does not
+    /// know, verifies: over a re-encoding of what this version decoded, those fields were
+    /// missing and every such message was refused, so brokers of two versions could not
+    /// heartbeat to each other in a rolling upgrade. Checked with the signature after the new
+    /// fields (as `sign` writes it) and between the known and the new ones (a newer prost's
+    /// encoding of the whole message, in field order).
+    #[test]
+    fn messages_from_a_newer_kaas_verify_with_the_fields_this_one_does_not_know() {
+        let key = ClusterKey::from_bytes(b"0123456789abcdef0123456789abcdef");
+        let mut newer = status(2);
+        newer.sent_at_unix_ms = now_unix_ms();
+        let known = newer.encode_to_vec();
+        let mut added = Vec::new();
+        prost::encoding::string::encode(14, &"zone-c/rack-9".to_owned(), &mut added);
+        prost::encoding::uint64::encode(15, &42, &mut added);
+        let signed_bytes = [known.clone(), added.clone()].concat();
+        let tag = hmac::sign(&key.broker_key(2), &signed_bytes);
+
+        let mut tag_last = signed_bytes.clone();
+        append_bytes_field(&mut tag_last, STATUS_AUTH_FIELD, tag.as_ref());
+        let mut tag_between = known;
+        append_bytes_field(&mut tag_between, STATUS_AUTH_FIELD, tag.as_ref());
+        tag_between.extend_from_slice(&added);
+        for wire in [tag_last, tag_between] {
+            let received = Framed {
+                message: BrokerStatus::decode(&wire[..]).unwrap(),
+                wire: wire.into(),
+            };
+            assert_eq!(key.verify_status(&received), Ok(()));
+            let mut changed = received.wire.to_vec();
+            *changed.last_mut().unwrap() ^= 1; // the newer field's value, forged
+            let changed = Framed {
+                wire: changed.into(),
+                ..received
+            };
+            assert_eq!(key.verify_status(&changed), Err(AuthError::Bad(2)));
+        }
+
+        let mut to_three = ControllerMessage {
+            broker_id: 3,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        prost::encoding::uint64::encode(9, &7, &mut to_three);
+        let tag = hmac::sign(&key.broker_key(3), &to_three);
+        append_bytes_field(&mut to_three, MESSAGE_AUTH_FIELD, tag.as_ref());
+        let received = Framed {
+            message: ControllerMessage::decode(&to_three[..]).unwrap(),
+            wire: to_three.into(),
+        };
+        assert_eq!(key.verify_message(&received, 3), Ok(()));
+    }
+
+    /// The field numbers the signatures are taken out by are those of `heartbeat.proto`.
+    #[test]
+    fn the_signature_fields_are_the_schemas_auth_fields() {
+        let status = BrokerStatus {
+            auth: b"tag".to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(
+            split_field(&status.encode_to_vec(), STATUS_AUTH_FIELD),
+            Ok((Vec::new(), Some(&b"tag"[..])))
+        );
+        let message = ControllerMessage {
+            auth: b"tag".to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(
+            split_field(&message.encode_to_vec(), MESSAGE_AUTH_FIELD),
+            Ok((Vec::new(), Some(&b"tag"[..])))
+        );
     }
 
     /// A controller message signed for one broker must not be replayable to another, or unsigned.
     #[test]
     fn controller_messages_are_for_one_broker() {
         let key = ClusterKey::from_bytes(b"0123456789abcdef0123456789abcdef");
-        let mut m = ControllerMessage::default();
-        key.sign_message(&mut m, 3);
+        let m = key.sign_message(ControllerMessage::default(), 3);
         assert_eq!(key.verify_message(&m, 3), Ok(()));
         assert_eq!(key.verify_message(&m, 4), Err(AuthError::Bad(3)));
-        let mut unsigned = m.clone();
+        let mut unsigned = m.message.clone();
         unsigned.auth.clear();
-        assert_eq!(key.verify_message(&unsigned, 3), Err(AuthError::Missing));
+        assert_eq!(
+            key.verify_message(&Framed::new(unsigned), 3),
+            Err(AuthError::Missing)
+        );
     }
 
     /// Brokers on one volume agree on a key without configuration; it is not world-readable.
@@ -290,8 +424,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = ClusterKey::load(dir.path(), None).unwrap();
         let b = ClusterKey::load(dir.path(), None).unwrap();
-        let mut s = status(0);
-        a.sign_status(&mut s);
+        let s = a.sign_status(status(0));
         assert_eq!(b.verify_status(&s), Ok(()));
         let path = dir.path().join("__cluster").join(KEY_FILE);
         use std::os::unix::fs::PermissionsExt;
@@ -332,8 +465,7 @@ mod tests {
                 .collect();
             let on_disk = ClusterKey::load(dir.path(), None).unwrap();
             for (b, key) in keys.iter().enumerate() {
-                let mut s = status(b as i32);
-                key.sign_status(&mut s);
+                let s = key.sign_status(status(b as i32));
                 assert_eq!(
                     on_disk.verify_status(&s),
                     Ok(()),

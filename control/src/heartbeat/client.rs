@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use kaas_proto::framed::Framed;
 use kaas_proto::heartbeat::controller_message::Kind;
 use kaas_proto::heartbeat::heartbeat_client::HeartbeatClient as GrpcClient;
 use kaas_proto::heartbeat::{BrokerStatus, TopicPartition as PbTopicPartition};
@@ -334,7 +335,7 @@ async fn session(
             .keep_alive_while_idle(true),
         Err(e) => return failed(format!("bad controller address {addr:?}: {e}")),
     };
-    let (tx, rx) = mpsc::channel::<BrokerStatus>(4);
+    let (tx, rx) = mpsc::channel::<Framed<BrokerStatus>>(4);
     // Send instants of recent statuses, to date the controller's acknowledgements.
     let sent_at =
         std::sync::Mutex::new(std::collections::VecDeque::<(u64, tokio::time::Instant)>::new());
@@ -347,12 +348,13 @@ async fn session(
             }
             sent.push_back((*sequence, tokio::time::Instant::now()));
         }
-        let mut message = status
+        let message = status
             .borrow()
             .to_proto(*sequence, config.send_partition_list);
-        if let Some(key) = &config.key {
-            key.sign_status(&mut message);
-        }
+        let message = match &config.key {
+            Some(key) => key.sign_status(message),
+            None => Framed::new(message),
+        };
         // A full buffer means the transport is backed up; the next tick sends a fresher status.
         !matches!(
             tx.try_send(message),
@@ -442,7 +444,7 @@ async fn session(
                         return SessionEnd::Stop;
                     }
                 }
-                let event = match message.kind {
+                let event = match message.message.kind {
                     Some(Kind::Ping(p)) => ControllerEvent::Ping {
                         controller_epoch: p.controller_epoch,
                         acked_sent_at: (p.acked_sequence != 0)

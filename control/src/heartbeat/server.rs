@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kaas_proto::framed::Framed;
 use kaas_proto::heartbeat::controller_message::Kind;
 use kaas_proto::heartbeat::heartbeat_server::{Heartbeat, HeartbeatServer as GrpcServer};
 use kaas_proto::heartbeat::{AssignmentChanged, BrokerStatus, ControllerMessage, Ping};
@@ -266,11 +267,11 @@ impl HeartbeatServer {
 
 #[tonic::async_trait]
 impl Heartbeat for HeartbeatServer {
-    type HeartbeatStream = ReceiverStream<Result<ControllerMessage, Status>>;
+    type HeartbeatStream = ReceiverStream<Result<Framed<ControllerMessage>, Status>>;
 
     async fn heartbeat(
         &self,
-        request: Request<Streaming<BrokerStatus>>,
+        request: Request<Streaming<Framed<BrokerStatus>>>,
     ) -> Result<Response<Self::HeartbeatStream>, Status> {
         let shared = self.shared.clone();
         let stream_id = shared.next_stream.fetch_add(1, Ordering::Relaxed);
@@ -293,7 +294,7 @@ impl Heartbeat for HeartbeatServer {
                 if *closing.borrow_and_update() {
                     break "controller closing";
                 }
-                let mut message = tokio::select! {
+                let message = tokio::select! {
                     _ = closing.changed() => continue,
                     _ = ping.tick() => shared.ping(0),
                     changed = announced.changed() => {
@@ -316,7 +317,7 @@ impl Heartbeat for HeartbeatServer {
                     status = inbound.message() => match status {
                         Ok(Some(status)) => {
                             if let Some(key) = &shared.config.key {
-                                let claimed = status.broker_id;
+                                let claimed = status.message.broker_id;
                                 let verdict = key.verify_status(&status).map_err(|e| e.to_string()).and_then(|()| {
                                     match speaks_for {
                                         Some(b) if b != claimed => Err(format!("stream of broker {b} spoke as broker {claimed}")),
@@ -329,7 +330,7 @@ impl Heartbeat for HeartbeatServer {
                                 }
                                 speaks_for = Some(claimed);
                             }
-                            match shared.record(stream_id, status) {
+                            match shared.record(stream_id, status.message) {
                                 Some(ack) => ack,
                                 None => continue,
                             }
@@ -338,10 +339,13 @@ impl Heartbeat for HeartbeatServer {
                         Err(_) => break "stream error",
                     },
                 };
-                if let Some(key) = &shared.config.key {
-                    let Some(broker) = speaks_for else { continue };
-                    key.sign_message(&mut message, broker);
-                }
+                let message = match &shared.config.key {
+                    Some(key) => {
+                        let Some(broker) = speaks_for else { continue };
+                        key.sign_message(message, broker)
+                    }
+                    None => Framed::new(message),
+                };
                 match tx.try_send(Ok(message)) {
                     Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
                     Err(mpsc::error::TrySendError::Closed(_)) => break "response stream dropped",
