@@ -248,6 +248,100 @@ def test_produce_bad_magic(broker):
     assert_serves(broker, "after bad magic")
 
 
+def _batch(body: bytes, count: int, attributes: int = 0, producer_id: int = -1,
+           producer_epoch: int = -1, base_sequence: int = -1, ts: int | None = None,
+           max_ts: int | None = None) -> bytes:
+    """A magic-2 batch around `body` (the records, compressed or not) with a correct CRC:
+    whatever is wrong is inside, where the CRC cannot tell."""
+    ts = int(time.time() * 1000) if ts is None else ts
+    after_crc = struct.pack(">hiqqqhii", attributes, count - 1, ts,
+                            ts if max_ts is None else max_ts, producer_id, producer_epoch,
+                            base_sequence, count) + body
+    after_len = struct.pack(">ibI", -1, 2, kwire.crc32c(after_crc)) + after_crc
+    return struct.pack(">qi", 0, len(after_len)) + after_len
+
+
+def _records(values: list[bytes], ts_deltas: list[int] | None = None) -> bytes:
+    out = bytearray()
+    for i, v in enumerate(values):
+        rec = (b"\x00" + kwire.varint((ts_deltas or [0] * len(values))[i]) + kwire.varint(i)
+               + kwire.varint(-1) + kwire.varint(len(v)) + v + kwire.varint(0))
+        out += kwire.varint(len(rec)) + rec
+    return bytes(out)
+
+
+def test_produce_batches_whose_records_do_not_parse(broker):
+    """Batches whose header and CRC are right but whose records are not — a count that lies,
+    random bytes, gzip of garbage, an unknown codec, the gzip flag on plain records, a control
+    batch, a transactional batch without transactions — are refused (INVALID_RECORD, or
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the last) and nothing of them is stored. Before,
+    kaas stored them all: librdkafka then stopped at them without an error and kafka-python
+    raised CorruptRecordError, so one bad producer stalled every consumer of the partition.
+    A good batch sent after them lands at offset 0 and both clients read it."""
+    import gzip
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = unique_topic("badrecords")
+    create_topic(broker.bootstrap, topic, 1)
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    one = _records([b"v"])
+    cases = {
+        "count 2, one record": (_batch(one, 2), 87),
+        "random bytes as records": (_batch(bytes(range(10)), 1), 87),
+        "gzip of garbage": (_batch(gzip.compress(b"not records at all"), 1, attributes=1), 87),
+        "codec 5": (_batch(one, 1, attributes=5), 87),
+        "gzip flag on plain records": (_batch(one, 1, attributes=1), 87),
+        "a byte after the last record": (_batch(one + b"\x00", 1), 87),
+        "control batch": (_batch(one, 1, attributes=0x20), 87),
+        "transactional batch": (_batch(one, 1, attributes=0x10, producer_id=1, producer_epoch=0,
+                                       base_sequence=0), 53),
+    }
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+        got = {}
+        for corr, (name, (batch, _)) in enumerate(cases.items(), start=60):
+            got[name] = kwire.produce(s, version, corr, topic, 0, batch)[0]
+        assert got == {name: want for name, (_, want) in cases.items()}, got
+        records, ends = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
+        assert ends == {0: 0} and records == [], f"refused batches were stored: {ends}"
+        assert kwire.produce(s, version, 90, topic, 0, _batch(_records([b"good"]), 1)) == (0, 0)
+    records, ends = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
+    assert ends == {0: 1} and [(o, v) for _, o, _, v in records] == [(0, b"good")]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=10000)
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        assert [(m.offset, m.value) for m in consumer] == [(0, b"good")]
+    finally:
+        consumer.close()
+    assert_serves(broker, "after batches with unreadable records")
+
+
+def test_a_wrong_newest_timestamp_is_corrected(broker):
+    """A batch whose header states a newest timestamp its records do not have (35 s past the
+    newest record's) is stored with the newest record's, as Kafka does: ListOffsets
+    MAX_TIMESTAMP, the time index and time retention read it. Before, kaas stored the stated
+    one, and MAX_TIMESTAMP answered a time no record has."""
+    from confluent_kafka import TopicPartition as TP
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    topic = unique_topic("maxts")
+    create_topic(broker.bootstrap, topic, 1)
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    ts = int(time.time() * 1000) - 60_000
+    batch = _batch(_records([b"a", b"b", b"c"], [0, 30, 10]), 3, ts=ts, max_ts=ts + 35_000)
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+        assert kwire.produce(s, version, 70, topic, 0, batch) == (0, 0)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.list_offsets({TP(topic, 0): OffsetSpec.max_timestamp()})
+    info = futures[TP(topic, 0)].result(30)
+    assert (info.offset, info.timestamp) == (1, ts + 30), (info.offset, info.timestamp)
+    records, _ = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
+    assert [v for _, _, _, v in records] == [b"a", b"b", b"c"]
+
+
 def test_stored_data_intact(broker):
     """The data written before all of the above is unchanged, also after a restart."""
     topic, acked = canary["topic"], canary["acked"]

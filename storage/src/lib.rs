@@ -105,24 +105,52 @@ pub fn stored_log_bytes(dir: &std::path::Path) -> Result<u64, StorageError> {
         .sum())
 }
 
-/// The positions (within the batch) of the records of a produced batch that have no key, which
-/// a compacted topic refuses (Kafka answers INVALID_RECORD and names them in `record_errors`).
-/// A compressed batch is decompressed into `scratch`; control batches need no keys; `None`
-/// when the records cannot be read at all.
-pub fn keyless_records(batch: &[u8], scratch: &mut Vec<u8>) -> Option<Vec<i32>> {
-    let header = kaas_wire::batch::peek_header(batch).ok()?;
-    if header.is_control() {
-        return Some(Vec::new());
-    }
-    let records = compaction::records_in(batch, scratch)?;
-    Some(
-        records
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.key.is_none())
-            .map(|(i, _)| i as i32)
-            .collect(),
-    )
+/// Why a produced batch's records were refused (INVALID_RECORD): nothing of the batch is
+/// stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProducedRecordsError {
+    #[error("compression codec {0} is not one Kafka defines (0-4)")]
+    UnknownCodec(i16),
+    #[error("the compressed records do not decompress: {0}")]
+    Corrupt(String),
+    #[error("the records decompress to more than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error(transparent)]
+    Invalid(#[from] kaas_wire::records::InvalidRecords),
+}
+
+/// Walks the records of a produced batch (see [`kaas_wire::records`]), decompressing a
+/// compressed one into `scratch` first, within [`compaction::MAX_DECOMPRESSED_BYTES`]; `each`
+/// sees every record in order. `batch` must hold the whole verified batch.
+///
+/// # Errors
+/// [`ProducedRecordsError`] when the codec is unknown, the body does not decompress (or past
+/// the bound), or the records do not parse.
+pub fn walk_produced_records<'a>(
+    batch: &'a [u8],
+    header: &kaas_wire::batch::BatchHeader,
+    scratch: &'a mut Vec<u8>,
+    each: impl FnMut(kaas_wire::records::RecordView<'a>),
+) -> Result<(), ProducedRecordsError> {
+    use codec::{Codec, CodecError};
+    let raw = &batch[kaas_wire::batch::BATCH_HEADER_LEN..header.total_len()];
+    let body: &'a [u8] = match Codec::from_attributes(header.attributes)
+        .map_err(|_| ProducedRecordsError::UnknownCodec(header.compression()))?
+    {
+        None => raw,
+        Some(codec) => {
+            codec
+                .decompress(raw, compaction::MAX_DECOMPRESSED_BYTES, scratch)
+                .map_err(|e| match e {
+                    CodecError::TooLarge { limit } => ProducedRecordsError::TooLarge { limit },
+                    CodecError::Corrupt(why) => ProducedRecordsError::Corrupt(why),
+                    CodecError::Unknown(c) => ProducedRecordsError::UnknownCodec(c),
+                })?;
+            scratch
+        }
+    };
+    kaas_wire::records::for_each_record(body, header.record_count, each)?;
+    Ok(())
 }
 
 /// (offset, key as UTF-8) of each record of a data batch (decompressed if it is compressed),

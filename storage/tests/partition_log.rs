@@ -1094,3 +1094,61 @@ fn cold_reads_take_no_major_fault_on_the_reading_thread() {
         log.close().await.unwrap();
     });
 }
+
+// Proves: in a LogAppendTime batch, ListOffsets by time and MAX_TIMESTAMP go by the time the
+// broker stamped, which is every record's timestamp for a consumer, not by the producer's own
+// timestamps inside the records. The lookup by 2000 found offset 1 (a record the producer
+// timed 3000) with timestamp 3000, one no consumer sees; Kafka answers offset 0 at the
+// append time.
+#[test]
+fn log_append_time_batches_are_found_by_the_stamped_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    run(move || async move {
+        let log = open_default(path).await;
+        // Two records timed 1000 and 3000 by the producer.
+        let mut bytes = batch(
+            BatchSpec {
+                timestamp: 1000,
+                ..Default::default()
+            },
+            &[b"a", b"b"],
+        );
+        rewrite_second_record_delta(&mut bytes, 2000);
+        let headers = verify_produced_record_set(&bytes).unwrap();
+        let out = log
+            .append_at(&bytes, &headers, LeaderEpoch(0), Some(5000))
+            .await
+            .unwrap();
+        log.wait_durable(out.end_offset()).await.unwrap();
+
+        let found = log.offset_for_timestamp(2000).await.unwrap().unwrap();
+        assert_eq!((found.offset, found.timestamp), (0, 5000));
+        let found = log.offset_for_timestamp(5000).await.unwrap().unwrap();
+        assert_eq!((found.offset, found.timestamp), (0, 5000));
+        assert!(log.offset_for_timestamp(5001).await.unwrap().is_none());
+        let newest = log.max_timestamp().await.unwrap().unwrap();
+        assert_eq!((newest.offset, newest.timestamp), (0, 5000));
+    });
+}
+
+/// Sets the timestamp delta of the second record of a two-record batch from `build_batch`
+/// (each record: length, attributes, timestamp delta, offset delta, key, value, headers; all
+/// one-byte varints there) and seals the CRC; `delta` must fit two bytes of varint.
+fn rewrite_second_record_delta(bytes: &mut Vec<u8>, delta: i64) {
+    use kaas_wire::varint::put_varint;
+    let body = kaas_wire::batch::BATCH_HEADER_LEN;
+    let first_len = bytes[body] as usize / 2; // zig-zag of a small length
+    let second = body + 1 + first_len;
+    let mut record = vec![bytes[second + 1]]; // attributes
+    put_varint(&mut record, delta);
+    record.extend_from_slice(&bytes[second + 3..]); // offset delta onward
+    let mut rebuilt = bytes[..second].to_vec();
+    put_varint(&mut rebuilt, record.len() as i64);
+    rebuilt.extend_from_slice(&record);
+    let len = (rebuilt.len() - kaas_wire::batch::LOG_OVERHEAD) as i32;
+    rebuilt[8..12].copy_from_slice(&len.to_be_bytes());
+    rebuilt[35..43].copy_from_slice(&(1000 + delta).to_be_bytes());
+    kaas_wire::batch::seal_crc(&mut rebuilt);
+    *bytes = rebuilt;
+}

@@ -1,8 +1,8 @@
 //! Record-batch (magic 2) header peeks.
 //!
-//! The broker never decodes individual records on the produce or fetch path: it reads the fixed
-//! 61-byte batch header, verifies the CRC-32C, and rewrites the base offset and leader epoch in
-//! place. Every length is checked against the bytes actually present before it is used, so a
+//! The broker stores and serves batches as the producer sent them: it reads the fixed 61-byte
+//! batch header, verifies the CRC-32C, and rewrites the base offset and leader epoch in place
+//! (the records inside are checked once on produce, by [`crate::records`]). Every length is checked against the bytes actually present before it is used, so a
 //! lying length field can neither read out of bounds nor make us allocate.
 //!
 //! Layout (big-endian), from Kafka's `DefaultRecordBatch`:
@@ -72,6 +72,11 @@ impl BatchHeader {
     }
     pub fn is_control(&self) -> bool {
         self.attributes & CONTROL_FLAG != 0
+    }
+    /// Stamped with the broker's append time: every record's timestamp is the batch's newest
+    /// (`max_timestamp`), whatever the record itself carries.
+    pub fn is_log_append_time(&self) -> bool {
+        self.attributes & LOG_APPEND_TIME_FLAG != 0
     }
     /// Whether the batch came from an idempotent (or transactional) producer.
     pub fn has_producer_id(&self) -> bool {
@@ -210,6 +215,17 @@ pub fn set_log_append_time(bytes: &mut [u8], now_ms: i64) {
     bytes[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2]
         .copy_from_slice(&(attributes | LOG_APPEND_TIME_FLAG).to_be_bytes());
     bytes[MAX_TIMESTAMP_OFFSET..MAX_TIMESTAMP_OFFSET + 8].copy_from_slice(&now_ms.to_be_bytes());
+    seal_crc(bytes);
+}
+
+/// Corrects the newest timestamp of the CreateTime batch at the start of `bytes` to `max`
+/// (its newest record's), clearing the LogAppendTime bit a producer may have set, and seals
+/// the CRC again. `bytes` must hold the whole verified batch.
+pub fn set_create_time_max(bytes: &mut [u8], max: i64) {
+    let attributes = i16::from_be_bytes([bytes[ATTRIBUTES_OFFSET], bytes[ATTRIBUTES_OFFSET + 1]]);
+    bytes[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2]
+        .copy_from_slice(&(attributes & !LOG_APPEND_TIME_FLAG).to_be_bytes());
+    bytes[MAX_TIMESTAMP_OFFSET..MAX_TIMESTAMP_OFFSET + 8].copy_from_slice(&max.to_be_bytes());
     seal_crc(bytes);
 }
 

@@ -9,11 +9,12 @@ mod elect;
 mod error_counts;
 mod features;
 mod fetch;
-mod groups;
+pub(crate) mod groups;
 mod log_dirs;
 mod metadata;
 mod offsets;
 mod produce;
+mod produced;
 mod reassign;
 
 use std::future::Future;

@@ -262,39 +262,23 @@ async fn append_partition(
     {
         return refuse(errors::MESSAGE_TOO_LARGE);
     }
-    if rules.keys_required {
-        if let Some(keyless) = keyless_records(&records, &headers) {
-            // Kafka refuses the whole batch, naming the keyless records: a keyless record
-            // cannot be compacted. librdkafka then fails those with INVALID_RECORD and the
-            // others with _INVALID_DIFFERENT_RECORD.
-            let message = format!(
-                "Compacted topic cannot accept message without key in topic partition {}-{partition}.",
-                meta.name
-            );
+    let (records, headers) = match super::produced::check(
+        records,
+        headers,
+        &rules,
+        now_ms(),
+        &format!("{}-{partition}", meta.name),
+    ) {
+        Ok(checked) => checked,
+        Err(refusal) => {
+            tracing::debug!(topic = %meta.name, partition, code = refusal.code, message = %refusal.message, "refusing produced records");
             return PartResult {
-                record_errors: keyless,
-                error_message: Some(message),
-                ..PartResult::error(errors::INVALID_RECORD)
+                record_errors: refusal.record_errors,
+                error_message: Some(refusal.message),
+                ..PartResult::error(refusal.code)
             };
         }
-    }
-    if let Some((before, after)) = rules.create_time_window {
-        let now = now_ms();
-        if let Some(ts) = outside_time_window(&headers, now, before, after) {
-            // Kafka refuses the batch with this code and text; the client fails its records.
-            return PartResult {
-                error_message: Some(format!(
-                    "Timestamp {ts} of a record in topic partition {}-{partition} is out of range. \
-                     The timestamp should be within [{}, {}] (message.timestamp.before.max.ms, \
-                     message.timestamp.after.max.ms)",
-                    meta.name,
-                    now.saturating_sub(before),
-                    now.saturating_add(after)
-                )),
-                ..PartResult::error(errors::INVALID_TIMESTAMP)
-            };
-        }
-    }
+    };
     if let Some(free) = shard.admission.disk.below_floor() {
         // The space below the floor is kept for the broker's metadata (see crate::disk).
         shard.admission.disk.refused.fetch_add(1, Ordering::Relaxed);
@@ -573,47 +557,6 @@ async fn may_acknowledge(
     fate_unknown(shard, &meta.name, partition)
 }
 
-/// `None` if every record of every batch in `records` has a key (see `produce_rules`), else
-/// the positions of those that do not, counted over the record set (a batch that cannot be
-/// decoded counts as keyless at its first position).
-fn keyless_records(records: &[u8], headers: &[kaas_wire::batch::BatchHeader]) -> Option<Vec<i32>> {
-    let mut scratch = Vec::new();
-    let mut at = 0;
-    let mut base = 0i32;
-    let mut keyless = Vec::new();
-    for h in headers {
-        let batch = &records[at..at + h.total_len()];
-        at += h.total_len();
-        match kaas_storage::keyless_records(batch, &mut scratch) {
-            Some(v) => keyless.extend(v.into_iter().map(|i| base + i)),
-            None => keyless.push(base),
-        }
-        base = base.saturating_add(h.record_count.max(0));
-    }
-    (!keyless.is_empty()).then_some(keyless)
-}
-
-/// The first timestamp of `batches` (CreateTime) that lies more than `before` ms behind `now`
-/// or `after` ms ahead of it. A batch's header carries its first and its newest timestamp;
-/// those are what is checked (Kafka walks every record; a producer's records within a batch
-/// lie between the two). No timestamp (-1) is never out of range.
-fn outside_time_window(
-    batches: &[kaas_wire::batch::BatchHeader],
-    now: i64,
-    before: i64,
-    after: i64,
-) -> Option<i64> {
-    batches.iter().find_map(|h| {
-        if h.max_timestamp >= 0 && h.max_timestamp.saturating_sub(now) > after {
-            Some(h.max_timestamp)
-        } else if h.base_timestamp >= 0 && now.saturating_sub(h.base_timestamp) > before {
-            Some(h.base_timestamp)
-        } else {
-            None
-        }
-    })
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -623,7 +566,6 @@ fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kaas_wire::batch::BatchHeader;
 
     #[test]
     fn only_a_sequence_past_the_expected_one_skips_ahead() {
@@ -642,56 +584,5 @@ mod tests {
         assert!(sequence_skips_ahead(i32::MAX - 1, 2));
         assert!(!sequence_skips_ahead(5, i32::MAX - 2));
         assert!(!sequence_skips_ahead(0, i32::MAX));
-    }
-
-    fn header(base_timestamp: i64, max_timestamp: i64) -> BatchHeader {
-        BatchHeader {
-            base_offset: 0,
-            batch_length: 61,
-            partition_leader_epoch: -1,
-            magic: 2,
-            crc: 0,
-            attributes: 0,
-            last_offset_delta: 0,
-            base_timestamp,
-            max_timestamp,
-            producer_id: -1,
-            producer_epoch: -1,
-            base_sequence: -1,
-            record_count: 1,
-        }
-    }
-
-    // Kafka 4's defaults: an hour ahead at most, any age behind. The edges are inclusive, as
-    // Kafka's are; a batch with no timestamp (-1) passes whatever the window.
-    #[test]
-    fn batches_outside_the_timestamp_window_are_named() {
-        let now = 1_800_000_000_000;
-        let hour = 3_600_000;
-        let check = |hs: &[BatchHeader]| outside_time_window(hs, now, i64::MAX, hour);
-        assert_eq!(check(&[header(now - 5, now)]), None);
-        assert_eq!(check(&[header(now, now + hour)]), None);
-        assert_eq!(check(&[header(now, now + hour + 1)]), Some(now + hour + 1));
-        assert_eq!(
-            check(&[header(0, 0)]),
-            None,
-            "old records are kept by default"
-        );
-        assert_eq!(check(&[header(-1, -1)]), None);
-        assert_eq!(
-            check(&[header(now, now), header(now, now + 2 * hour)]),
-            Some(now + 2 * hour),
-            "any batch of the request"
-        );
-        let day = 24 * hour;
-        assert_eq!(
-            outside_time_window(&[header(now - day, now)], now, day, hour),
-            None
-        );
-        assert_eq!(
-            outside_time_window(&[header(now - day - 1, now)], now, day, hour),
-            Some(now - day - 1)
-        );
-        assert_eq!(outside_time_window(&[header(-1, -1)], now, 0, 0), None);
     }
 }

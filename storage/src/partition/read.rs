@@ -197,11 +197,17 @@ impl PartitionLog {
             return Ok(None);
         };
         let mut scratch = Vec::new();
-        let exact = compaction::records_in(&bytes, &mut scratch).and_then(|recs| {
-            recs.into_iter()
-                .find(|r| r.timestamp >= timestamp && r.offset >= start)
-                .map(|r| (r.offset, r.timestamp))
-        });
+        // In a LogAppendTime batch every record has the batch's time, which reached the
+        // target: the first record is the answer (below), not the first whose own timestamp,
+        // one no consumer sees, does.
+        let exact = (!stamped_on_append(&bytes))
+            .then(|| compaction::records_in(&bytes, &mut scratch))
+            .flatten()
+            .and_then(|recs| {
+                recs.into_iter()
+                    .find(|r| r.timestamp >= timestamp && r.offset >= start)
+                    .map(|r| (r.offset, r.timestamp))
+            });
         Ok(Some(match exact {
             Some((offset, timestamp)) => TimestampLookup {
                 offset,
@@ -236,6 +242,14 @@ impl PartitionLog {
         else {
             return Ok(None);
         };
+        if stamped_on_append(&bytes) {
+            // Every record carries the batch's time: the first is the first to carry it.
+            return Ok(Some(TimestampLookup {
+                offset: e.base_offset.max(self.log_start_offset()),
+                timestamp: e.max_timestamp,
+                leader_epoch: e.leader_epoch,
+            }));
+        }
         let mut scratch = Vec::new();
         let exact = compaction::records_in(&bytes, &mut scratch)
             .and_then(|recs| recs.into_iter().find(|r| r.timestamp == e.max_timestamp))
@@ -282,6 +296,12 @@ impl PartitionLog {
             .flat_map(|seg| seg.index.epochs().iter().copied());
         crate::epoch_cache::end_offset_for(runs, st.epoch, st.log_end_offset, epoch)
     }
+}
+
+/// Whether the stored batch `bytes` was stamped with the broker's append time
+/// (`message.timestamp.type=LogAppendTime`).
+fn stamped_on_append(bytes: &[u8]) -> bool {
+    kaas_wire::batch::peek_header(bytes).is_ok_and(|h| h.is_log_append_time())
 }
 
 /// A read-only mapping of the first `len` bytes of a file that may still grow (the active

@@ -140,7 +140,7 @@ fn code(e: &Option<GroupError>) -> i16 {
 
 mod admin;
 mod classic;
-mod coordinator;
+pub(crate) mod coordinator;
 mod kip848;
 mod offsets;
 

@@ -1,0 +1,415 @@
+//! What a produced record set must be before it is stored, beyond its batch headers: checked
+//! once per partition on the owning shard, before the append takes its place in the log.
+//!
+//! - No control batch (only a transaction coordinator writes those: a client's would hide its
+//!   records from every consumer) and no transactional batch (kaas has no transactions, so
+//!   nothing would ever commit or abort it, and read_committed consumers would wait on it).
+//! - Records that parse, as many as the header claims, filling the batch (see
+//!   `kaas_wire::records`); a compressed batch is decompressed for that, as Kafka's
+//!   `LogValidator` does. A batch that does not parse would be stored and stop every consumer
+//!   of the partition at it.
+//! - On a compacted topic, a key on every record.
+//! - With CreateTime, every record's timestamp within the topic's window (Kafka checks each
+//!   record, not only the header's first and newest).
+//! - The header's newest timestamp is the newest record's: ListOffsets by time, the time index
+//!   and time retention read it, so a producer that states it wrongly (or sets the
+//!   LogAppendTime bit on a CreateTime topic) has it corrected and the CRC sealed again, as
+//!   Kafka's `setMaxTimestamp` does. Only such a batch is copied; a correct one is stored from
+//!   the request's bytes.
+
+use std::cell::RefCell;
+
+use bytes::Bytes;
+use kaas_wire::batch::{self, BatchHeader};
+
+use crate::errors;
+use crate::handlers::groups::coordinator::TRANSACTIONS_UNSUPPORTED;
+use crate::topic_config::ProduceRules;
+
+/// Why a record set is refused: the Kafka error, the message for the client, and the positions
+/// of the records at fault (over the record set, Produce v8+'s `record_errors`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: i16,
+    pub message: String,
+    pub record_errors: Vec<i32>,
+}
+
+/// Past this, a shard's decompression buffer is let go after use, so one large batch does not
+/// keep its size in memory for the shard's life.
+const KEEP_SCRATCH_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// Each shard decompresses one batch at a time (the walk never awaits), so one buffer per
+    /// shard thread bounds what decompression holds to `MAX_DECOMPRESSED_BYTES` per shard.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Checks `records` (whose batches `headers` describes, already verified) against the rules
+/// of its topic, at broker time `now_ms`. Returns the record set to store — `records` itself,
+/// or a copy with corrected newest timestamps — with its headers.
+///
+/// # Errors
+/// A [`Refusal`]: nothing of the record set may be stored.
+pub fn check(
+    records: Bytes,
+    headers: Vec<BatchHeader>,
+    rules: &ProduceRules,
+    now_ms: i64,
+    partition: &str,
+) -> Result<(Bytes, Vec<BatchHeader>), Refusal> {
+    refuse_batch_kinds(&headers, partition)?;
+    let walked = walk(&records, &headers, rules, now_ms, partition)?;
+    if rules.keys_required && !walked.keyless.is_empty() {
+        // Kafka refuses the whole batch, naming the keyless records: a keyless record cannot
+        // be compacted. librdkafka then fails those with INVALID_RECORD and the others with
+        // _INVALID_DIFFERENT_RECORD.
+        return Err(Refusal {
+            code: errors::INVALID_RECORD,
+            message: format!(
+                "Compacted topic cannot accept message without key in topic partition {partition}."
+            ),
+            record_errors: walked.keyless,
+        });
+    }
+    if let (Some(ts), Some((before, after))) = (walked.first_late, rules.create_time_window) {
+        // Kafka refuses the batch with this code and text; the client fails its records.
+        return Err(Refusal {
+            code: errors::INVALID_TIMESTAMP,
+            message: format!(
+                "Timestamp {ts} of a record in topic partition {partition} is out of range. \
+                 The timestamp should be within [{}, {}] (message.timestamp.before.max.ms, \
+                 message.timestamp.after.max.ms)",
+                now_ms.saturating_sub(before),
+                now_ms.saturating_add(after)
+            ),
+            record_errors: walked.late,
+        });
+    }
+    if rules.log_append_time {
+        // The append stamps the broker's time over the header anyway.
+        return Ok((records, headers));
+    }
+    Ok(correct_newest(records, headers, &walked.newest))
+}
+
+/// Control and transactional batches, which no client of kaas may write.
+fn refuse_batch_kinds(headers: &[BatchHeader], partition: &str) -> Result<(), Refusal> {
+    if headers.iter().any(BatchHeader::is_control) {
+        return Err(Refusal {
+            code: errors::INVALID_RECORD,
+            message: format!(
+                "A client may not write control batches (topic partition {partition})"
+            ),
+            record_errors: Vec::new(),
+        });
+    }
+    if headers.iter().any(BatchHeader::is_transactional) {
+        return Err(Refusal {
+            code: errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            message: TRANSACTIONS_UNSUPPORTED.to_owned(),
+            record_errors: Vec::new(),
+        });
+    }
+    Ok(())
+}
+
+/// What walking a record set's records found; positions are over the whole record set.
+struct Walked {
+    keyless: Vec<i32>,
+    /// CreateTime records outside the topic's window, and the first one's timestamp.
+    late: Vec<i32>,
+    first_late: Option<i64>,
+    /// Each batch's newest record timestamp.
+    newest: Vec<i64>,
+}
+
+fn walk(
+    records: &[u8],
+    headers: &[BatchHeader],
+    rules: &ProduceRules,
+    now_ms: i64,
+    partition: &str,
+) -> Result<Walked, Refusal> {
+    let mut found = Walked {
+        keyless: Vec::new(),
+        late: Vec::new(),
+        first_late: None,
+        newest: Vec::with_capacity(headers.len()),
+    };
+    let mut at = 0;
+    let mut first_index = 0i32;
+    for h in headers {
+        let bytes = &records[at..at + h.total_len()];
+        at += h.total_len();
+        let mut max_delta = i64::MIN;
+        let walked = SCRATCH.with_borrow_mut(|scratch| {
+            let walked = kaas_storage::walk_produced_records(bytes, h, scratch, |r| {
+                let index = first_index.saturating_add(r.index);
+                max_delta = max_delta.max(r.timestamp_delta);
+                if r.key.is_none() {
+                    found.keyless.push(index);
+                }
+                let ts = h.base_timestamp.saturating_add(r.timestamp_delta);
+                if rules.create_time_window.is_some_and(|(before, after)| {
+                    ts != NO_TIMESTAMP
+                        && (now_ms.saturating_sub(ts) > before || ts.saturating_sub(now_ms) > after)
+                }) {
+                    found.first_late.get_or_insert(ts);
+                    found.late.push(index);
+                }
+            });
+            if scratch.capacity() > KEEP_SCRATCH_BYTES {
+                *scratch = Vec::new();
+            }
+            walked
+        });
+        if let Err(e) = walked {
+            let index = match &e {
+                kaas_storage::ProducedRecordsError::Invalid(invalid) => {
+                    first_index.saturating_add(invalid.index)
+                }
+                _ => first_index,
+            };
+            return Err(Refusal {
+                code: errors::INVALID_RECORD,
+                message: format!("Invalid records in topic partition {partition}: {e}"),
+                record_errors: vec![index],
+            });
+        }
+        found
+            .newest
+            .push(h.base_timestamp.saturating_add(max_delta));
+        first_index = first_index.saturating_add(h.record_count);
+    }
+    Ok(found)
+}
+
+/// The record set with each batch's stated newest timestamp made its newest record's (and the
+/// LogAppendTime bit cleared), copied only when one is wrong.
+fn correct_newest(
+    records: Bytes,
+    mut headers: Vec<BatchHeader>,
+    newest: &[i64],
+) -> (Bytes, Vec<BatchHeader>) {
+    let wrong = |(h, &max): (&BatchHeader, &i64)| h.max_timestamp != max || h.is_log_append_time();
+    if !headers.iter().zip(newest).any(wrong) {
+        return (records, headers);
+    }
+    let mut copy = records.to_vec();
+    let mut at = 0;
+    for (h, &max) in headers.iter_mut().zip(newest) {
+        let len = h.total_len();
+        if wrong((h, &max)) {
+            batch::set_create_time_max(&mut copy[at..at + len], max);
+            *h = batch::peek_header(&copy[at..at + len]).expect("a verified batch, corrected");
+        }
+        at += len;
+    }
+    (Bytes::from(copy), headers)
+}
+
+/// A record without a timestamp (producers before Kafka 0.10's message format).
+const NO_TIMESTAMP: i64 = -1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kaas_wire::batch::{build_batch, verify_produced_record_set, BatchSpec};
+
+    const NOW: i64 = 1_800_000_000_000;
+    const HOUR: i64 = 3_600_000;
+
+    fn rules() -> ProduceRules {
+        ProduceRules {
+            max_batch_bytes: 1 << 20,
+            keys_required: false,
+            log_append_time: false,
+            create_time_window: Some((i64::MAX, HOUR)),
+        }
+    }
+
+    fn set(batches: &[Vec<u8>]) -> (Bytes, Vec<BatchHeader>) {
+        let bytes = Bytes::from(batches.concat());
+        let headers = verify_produced_record_set(&bytes).expect("valid batches");
+        (bytes, headers)
+    }
+
+    fn run(
+        batches: &[Vec<u8>],
+        rules: &ProduceRules,
+    ) -> Result<(Bytes, Vec<BatchHeader>), Refusal> {
+        let (bytes, headers) = set(batches);
+        check(bytes, headers, rules, NOW, "t-0")
+    }
+
+    fn batch(timestamp: i64, records: &[kaas_wire::batch::RecordKv<'_>]) -> Vec<u8> {
+        build_batch(
+            BatchSpec {
+                timestamp,
+                ..BatchSpec::default()
+            },
+            records,
+        )
+    }
+
+    /// A batch with record `i` at `timestamp + deltas[i]`, its header's newest timestamp
+    /// given as `stated_max`.
+    fn with_deltas(timestamp: i64, deltas: &[i64], stated_max: i64) -> Vec<u8> {
+        use kaas_wire::varint::put_varint;
+        let mut body = Vec::new();
+        for (i, d) in deltas.iter().enumerate() {
+            let mut rec = vec![0u8];
+            put_varint(&mut rec, *d);
+            put_varint(&mut rec, i as i64);
+            put_varint(&mut rec, 1);
+            rec.push(b'k');
+            put_varint(&mut rec, 1);
+            rec.push(b'v');
+            put_varint(&mut rec, 0);
+            put_varint(&mut body, rec.len() as i64);
+            body.extend_from_slice(&rec);
+        }
+        let mut b = batch(
+            timestamp,
+            &vec![(Some(&b"k"[..]), Some(&b"v"[..])); deltas.len()],
+        );
+        b.truncate(batch::BATCH_HEADER_LEN);
+        b.extend_from_slice(&body);
+        let len = (b.len() - batch::LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        b[35..43].copy_from_slice(&stated_max.to_be_bytes());
+        batch::seal_crc(&mut b);
+        b
+    }
+
+    #[test]
+    fn a_well_formed_set_is_stored_as_it_came() {
+        let (bytes, headers) = set(&[batch(NOW, &[(Some(b"k"), Some(b"v")), (None, Some(b"w"))])]);
+        let (stored, stored_headers) =
+            check(bytes.clone(), headers.clone(), &rules(), NOW, "t-0").unwrap();
+        assert_eq!(stored, bytes);
+        assert_eq!(stored.as_ptr(), bytes.as_ptr(), "not copied");
+        assert_eq!(stored_headers, headers);
+    }
+
+    #[test]
+    fn control_and_transactional_batches_are_refused() {
+        let control = build_batch(
+            BatchSpec {
+                attributes: 0x20,
+                ..BatchSpec::default()
+            },
+            &[(None, Some(b"v"))],
+        );
+        assert_eq!(
+            run(&[control], &rules()).unwrap_err().code,
+            errors::INVALID_RECORD
+        );
+        let transactional = build_batch(
+            BatchSpec {
+                attributes: 0x10,
+                producer_id: 7,
+                producer_epoch: 0,
+                base_sequence: 0,
+                ..BatchSpec::default()
+            },
+            &[(None, Some(b"v"))],
+        );
+        assert_eq!(
+            run(&[transactional], &rules()).unwrap_err().code,
+            errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        );
+    }
+
+    #[test]
+    fn records_that_do_not_parse_are_refused_at_their_position() {
+        let good = batch(NOW, &[(None, Some(b"v"))]);
+        // Record count 2 with one record inside (last offset delta 1 to match the count).
+        let mut lying = batch(NOW, &[(None, Some(b"v"))]);
+        lying[23..27].copy_from_slice(&1i32.to_be_bytes());
+        lying[57..61].copy_from_slice(&2i32.to_be_bytes());
+        batch::seal_crc(&mut lying);
+        let refusal = run(&[good.clone(), lying], &rules()).unwrap_err();
+        assert_eq!(refusal.code, errors::INVALID_RECORD);
+        assert_eq!(
+            refusal.record_errors,
+            vec![2],
+            "second batch's second record: {refusal:?}"
+        );
+        // Gzip flag on plain records; codec 5.
+        for codec in [1i16, 5] {
+            let mut b = good.clone();
+            b[21..23].copy_from_slice(&codec.to_be_bytes());
+            batch::seal_crc(&mut b);
+            let refusal = run(&[b], &rules()).unwrap_err();
+            assert_eq!(
+                refusal.code,
+                errors::INVALID_RECORD,
+                "codec {codec}: {refusal:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn compacted_topics_name_every_keyless_record() {
+        let keys = ProduceRules {
+            keys_required: true,
+            ..rules()
+        };
+        let refusal = run(
+            &[
+                batch(NOW, &[(Some(b"k"), Some(b"v")), (None, Some(b"v"))]),
+                batch(NOW, &[(None, None)]),
+            ],
+            &keys,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (refusal.code, refusal.record_errors),
+            (errors::INVALID_RECORD, vec![1, 2])
+        );
+    }
+
+    // Kafka 4's defaults: an hour ahead at most, any age behind. Every record is checked,
+    // not only the header's first and newest; no timestamp (-1) passes whatever the window.
+    #[test]
+    fn every_records_timestamp_is_checked_against_the_window() {
+        let day = 24 * HOUR;
+        let window = ProduceRules {
+            create_time_window: Some((day, HOUR)),
+            ..rules()
+        };
+        assert!(run(&[with_deltas(NOW, &[0, 5, HOUR], NOW + HOUR)], &window).is_ok());
+        let refusal = run(&[with_deltas(NOW, &[0, -day - 1, 0], NOW)], &window).unwrap_err();
+        assert_eq!(
+            (refusal.code, refusal.record_errors),
+            (errors::INVALID_TIMESTAMP, vec![1])
+        );
+        let refusal = run(&[with_deltas(NOW, &[0, HOUR + 1], NOW)], &window).unwrap_err();
+        assert_eq!(refusal.record_errors, vec![1]);
+        assert!(run(&[with_deltas(-1, &[0, 0], -1)], &window).is_ok());
+        assert!(
+            run(&[with_deltas(0, &[0], 0)], &rules()).is_ok(),
+            "old records are kept by default"
+        );
+    }
+
+    #[test]
+    fn a_wrong_newest_timestamp_is_corrected_and_sealed() {
+        let wrong = with_deltas(NOW, &[0, 30, 10], NOW + 35_000);
+        let right = with_deltas(NOW, &[0, 30, 10], NOW + 30);
+        let (stored, headers) = run(&[right.clone(), wrong], &rules()).unwrap();
+        assert_eq!(headers[1].max_timestamp, NOW + 30);
+        let again = verify_produced_record_set(&stored).expect("CRC sealed again");
+        assert_eq!(again, headers);
+        assert_eq!(&stored[..right.len()], &right[..]);
+        // The LogAppendTime bit on a CreateTime topic is cleared.
+        let mut flagged = right.clone();
+        flagged[22] |= 0x08;
+        batch::seal_crc(&mut flagged);
+        let (stored, headers) = run(&[flagged], &rules()).unwrap();
+        assert!(!headers[0].is_log_append_time());
+        assert_eq!(&stored[..], &right[..]);
+    }
+}
