@@ -184,3 +184,31 @@ def test_timestamps_far_ahead_of_the_broker_are_refused(broker):
     assert err is None and msg.offset() == 2, f"got {err}"
     err, _ = produce_one(broker.bootstrap, topic, b"k", b"old", timestamp=now - 2 * hour, **no_retry)
     assert err is not None and err.code() == KafkaError.INVALID_TIMESTAMP, f"got {err}"
+
+
+def test_a_refused_acks0_write_closes_the_connection(broker):
+    """acks=0 gets no response, so a refused write (here: a partition the topic does not have)
+    closes the connection, as Kafka does: only that makes the client notice and refresh its
+    metadata. Before, kaas kept the connection, and after a leader moved an acks=0 producer
+    went on sending to a broker that dropped everything. A stored acks=0 write keeps the
+    connection open."""
+    import kwire
+    topic = unique_topic("acks0")
+    create_topic(broker.bootstrap, topic, 1)
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    batch = kwire.record_batch([(None, b"v")])
+    with kwire.connect(broker) as s:
+        s.settimeout(10)
+        s.sendall(kwire.produce_request(version, 1, topic, 0, batch, acks=0))
+        s.sendall(kwire.request(18, 0, 2, b""))       # ApiVersions: answered, so still open
+        assert kwire.parse_api_versions_v0(kwire.recv_frame(s)[4:])[0] == 0
+        s.sendall(kwire.produce_request(version, 3, topic, 7, batch, acks=0))
+        assert kwire.wait_closed(s, 10) == b"", "acks=0 got a response"
+    records, ends = rdkafka_read_all_one(broker.bootstrap, topic)
+    assert ends == 1 and records == [b"v"]
+
+
+def rdkafka_read_all_one(bootstrap: str, topic: str):
+    from kcheck import rdkafka_read_all
+    records, ends = rdkafka_read_all(bootstrap, topic, 1, timeout=30)
+    return [v for _, _, _, v in records], ends[0]

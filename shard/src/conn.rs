@@ -97,7 +97,12 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
             if broken {
                 continue;
             }
-            if let Some(frame) = served.frame {
+            if served.close {
+                // SAFETY: shutdown of this connection's socket, which is open; the reader
+                // then sees the end and stops taking requests.
+                unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
+                broken = true;
+            } else if let Some(frame) = served.frame {
                 probe
                     .bytes_out
                     .fetch_add(frame.len() as u64, Ordering::Relaxed);
@@ -341,11 +346,29 @@ fn sendfile_once(socket: RawFd, window: &Bytes) -> Option<std::io::Result<usize>
     })
 }
 
-/// A request's outcome, as the writer gets it: the response to send (none for acks=0) and,
-/// for a request that was handled, its API and when handling ended (the send phase starts).
+/// A request's outcome, as the writer gets it: the response to send (none for acks=0), whether
+/// to close the connection instead, and, for a request that was handled, its API and when
+/// handling ended (the send phase starts).
 struct Served {
     frame: Option<ResponseFrame>,
+    close: bool,
     handled: Option<(i16, Instant)>,
+}
+
+impl Served {
+    /// A handled request's outcome, handling having ended now.
+    fn of(reply: handlers::Reply, api_key: i16) -> Self {
+        let (frame, close) = match reply {
+            handlers::Reply::Send(frame) => (Some(frame), false),
+            handlers::Reply::Silent => (None, false),
+            handlers::Reply::Close => (None, true),
+        };
+        Served {
+            frame,
+            close,
+            handled: Some((api_key, Instant::now())),
+        }
+    }
 }
 
 /// Why a connection is closed by us rather than by the client.
@@ -434,12 +457,9 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                     let started = Instant::now();
                     let api_key = request.api_key;
                     shard.probe.record_phase(api_key as i16, QUEUE, received);
-                    let response = handlers::handle(&shard, request, gate, &client_host).await;
+                    let reply = handlers::handle(&shard, request, gate, &client_host).await;
                     shard.probe.record_phase(api_key as i16, PROCESS, started);
-                    Served {
-                        frame: response,
-                        handled: Some((api_key as i16, Instant::now())),
-                    }
+                    Served::of(reply, api_key as i16)
                 })
             }
             // KIP-511: a newer ApiVersions than we know gets our ranges, so the client can
@@ -453,6 +473,7 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
                 glommio::spawn_local(async move {
                     Served {
                         frame: Some(ResponseFrame::single(bytes)),
+                        close: false,
                         handled: None,
                     }
                 })

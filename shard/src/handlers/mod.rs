@@ -148,7 +148,18 @@ fn api_versions(
     versions::api_versions_response(errors::NONE, version)
 }
 
-/// Serves one request and encodes its response; `None` when no response is due (acks=0).
+/// What the connection does after a request.
+pub enum Reply {
+    Send(ResponseFrame),
+    /// acks=0: no response is due.
+    Silent,
+    /// Nothing can be answered (a refused acks=0 write, a response that could not be
+    /// encoded): the connection is closed, so the client notices at once instead of waiting
+    /// for a response that never comes.
+    Close,
+}
+
+/// Serves one request and encodes its response.
 /// `gate` opens when this returns (a Produce lets a following Produce go earlier, see [`EffectGate`]).
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 /// `client_host` is the connection's peer as Kafka names it in group descriptions
@@ -158,7 +169,7 @@ pub async fn handle(
     request: Request,
     gate: EffectGate,
     client_host: &str,
-) -> Option<ResponseFrame> {
+) -> Reply {
     let version = request.version();
     let correlation_id = request.correlation_id();
     let api_key = request.api_key;
@@ -177,16 +188,18 @@ pub async fn handle(
         RequestKind::DescribeTopicPartitions(r) => ResponseKind::DescribeTopicPartitions(
             metadata::describe_topic_partitions(shard, r).await,
         ),
-        RequestKind::Produce(r) => {
-            ResponseKind::Produce(produce::produce(shard, r, version, gate).await?)
-        }
+        RequestKind::Produce(r) => match produce::produce(shard, r, version, gate).await {
+            produce::Answer::Respond(r) => ResponseKind::Produce(r),
+            produce::Answer::Silent => return Reply::Silent,
+            produce::Answer::Close => return Reply::Close,
+        },
         RequestKind::Fetch(r) => {
             // Framed by hand so record bytes go to the socket without being copied.
             let out = fetch::fetch(shard, r, version).await;
             error_counts::each_in_fetch(&out, |code| {
                 shard.probe.count_response_error(api_key as i16, code);
             });
-            return Some(encode_fetch_response(correlation_id, version, &out));
+            return Reply::Send(encode_fetch_response(correlation_id, version, &out));
         }
         RequestKind::ListOffsets(r) => {
             ResponseKind::ListOffsets(offsets::list_offsets(shard, r, version).await)
@@ -295,18 +308,18 @@ pub async fn handle(
             // Unreachable while the decoder refuses unsupported APIs; kept as a safe answer.
             tracing::error!(api = ?api_key, "decoded a request with no handler: {other:?}");
             shard.probe.count_error(api_key as i16);
-            return None;
+            return Reply::Close;
         }
     };
     error_counts::each(&response, |code| {
         shard.probe.count_response_error(api_key as i16, code);
     });
     match encode_response(correlation_id, api_key, version, &response) {
-        Ok(bytes) => Some(ResponseFrame::single(bytes)),
+        Ok(bytes) => Reply::Send(ResponseFrame::single(bytes)),
         Err(e) => {
-            tracing::error!(api = ?api_key, version, error = %e, "could not encode a response; closing the client's view of this request");
+            tracing::error!(api = ?api_key, version, error = %e, "could not encode a response; closing the connection");
             shard.probe.count_error(api_key as i16);
-            None
+            Reply::Close
         }
     }
 }

@@ -46,7 +46,18 @@ impl PartResult {
     }
 }
 
-/// `None` for acks=0, which gets no response. `gate` lets the connection's next Produce go
+/// What a Produce gets: its response, or for acks=0 nothing, or — when an acks=0 write was
+/// refused — a closed connection, as Kafka's `KafkaApis` closes it: the client has no answer to
+/// read the error from, and only a broken connection makes it refresh its metadata (after a
+/// leader moved, an acks=0 producer would otherwise go on sending to a broker that drops
+/// everything until its next periodic refresh, five minutes by default).
+pub enum Answer {
+    Respond(ProduceResponse),
+    Silent,
+    Close,
+}
+
+/// `gate` lets the connection's next Produce go
 /// once every partition's append is queued on its owner, and anything else once this request
 /// is answered (see `crate::conn`).
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
@@ -55,7 +66,7 @@ pub async fn produce(
     req: ProduceRequest,
     version: i16,
     mut gate: EffectGate,
-) -> Option<ProduceResponse> {
+) -> Answer {
     let acks = req.acks;
     if !matches!(acks, -1..=1) {
         let responses = req
@@ -79,7 +90,7 @@ pub async fn produce(
                     )
             })
             .collect();
-        return Some(ProduceResponse::default().with_responses(responses));
+        return Answer::Respond(ProduceResponse::default().with_responses(responses));
     }
     // (topic index, partition index) → either an early error or work for an owner shard.
     let mut slots: Vec<(usize, i32, Option<PartResult>)> = Vec::new();
@@ -138,7 +149,14 @@ pub async fn produce(
         slots[slot].2 = Some(r);
     }
     if acks == 0 {
-        return None;
+        let refused = slots
+            .iter()
+            .any(|(_, _, r)| r.as_ref().is_none_or(|r| r.error_code != errors::NONE));
+        return if refused {
+            Answer::Close
+        } else {
+            Answer::Silent
+        };
     }
     let mut responses: Vec<TopicProduceResponse> = req
         .topic_data
@@ -155,7 +173,7 @@ pub async fn produce(
             .partition_responses
             .push(part_response(partition, &r, version));
     }
-    Some(ProduceResponse::default().with_responses(responses))
+    Answer::Respond(ProduceResponse::default().with_responses(responses))
 }
 
 fn part_response(index: i32, r: &PartResult, version: i16) -> PartitionProduceResponse {
