@@ -85,3 +85,25 @@ def test_kcat_reads_acked_offsets(broker):
                             ((key_for(i), value_for("kca", i)) for i in range(n)))
     rows = kcat_read_all(broker, topic)
     verify_log(acked, rows, label="kcat -C")
+
+
+@pytest.mark.parametrize("codec,attribute", [("gzip", 1), ("snappy", 2), ("lz4", 3), ("zstd", 4)])
+def test_old_librdkafka_compresses(broker, codec, attribute):
+    """kcat's librdkafka (Debian's 2.0.2) compresses with every codec: librdkafka before 2.8
+    takes gzip, snappy and lz4 as supported only if the broker names Produce v0, so kaas names
+    it in ApiVersions (as Kafka 4 does, KAFKA-18659) while serving v3 and up. Before, those
+    three went out uncompressed without a word. The stored batch carries the codec."""
+    if broker.external:
+        pytest.skip("reads the broker's segment files")
+    topic = unique_topic(f"old-{codec}")
+    create_topic(broker.bootstrap, topic, 1)
+    kcat("-P", "-b", broker.bootstrap, "-t", topic, "-p", "0", "-z", codec,
+         "-X", "linger.ms=50", input=b"".join(b"record-%d\n" % i for i in range(20)))
+    segments = sorted(broker.data_dir.glob(f"{topic}~*/0/*.log"))
+    assert segments, f"no segment of {topic} under {broker.data_dir}"
+    first = segments[0].read_bytes()
+    assert len(first) > 61, "nothing stored"
+    assert int.from_bytes(first[21:23], "big") & 0x07 == attribute, \
+        f"stored with codec {int.from_bytes(first[21:23], 'big') & 7}, sent with {codec}"
+    assert [v for _, _, _, v in kcat_read_all(broker, topic)] == \
+        [b"record-%d" % i for i in range(20)]

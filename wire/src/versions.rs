@@ -95,15 +95,28 @@ const FINALIZED_FEATURES_EPOCH: i64 = 0;
 /// to say the client can read them.
 const FEATURES_FROM_VERSION: i16 = 4;
 
+/// The lowest Produce version ApiVersions names, below the lowest served (3), as Kafka 4 does
+/// (KAFKA-18659): librdkafka before 2.8 decides whether a broker takes gzip, snappy and lz4 by
+/// asking whether it serves Produce v0, and otherwise sends those batches uncompressed without
+/// a word (Debian's kcat, linked to librdkafka 2.0.2, did so against kaas). Clients pick the
+/// highest version both sides name, so none sends v0-v2; one that does is refused by the
+/// decoder, which goes by [`SUPPORTED_APIS`], and its connection closed.
+const ADVERTISED_PRODUCE_MIN: i16 = 0;
+
 /// The ApiVersions response body (for a request of `version`) listing every supported range,
 /// with `error_code`.
 pub fn api_versions_response(error_code: i16, version: i16) -> ApiVersionsResponse {
     let api_keys = SUPPORTED_APIS
         .iter()
         .map(|(k, lo, hi)| {
+            let lo = if *k == ApiKey::Produce {
+                ADVERTISED_PRODUCE_MIN
+            } else {
+                *lo
+            };
             ApiVersion::default()
                 .with_api_key(*k as i16)
-                .with_min_version(*lo)
+                .with_min_version(lo)
                 .with_max_version(*hi)
         })
         .collect();
@@ -157,6 +170,21 @@ mod tests {
         let names: Vec<&str> = r.supported_features.iter().map(|f| &*f.name).collect();
         assert_eq!(names, ["group.version"]);
         assert_eq!(r.finalized_features[0].max_version_level, 1);
+    }
+
+    // Produce is named from v0 (librdkafka's compression check, KAFKA-18659) but served, and
+    // decoded, from v3 only.
+    #[test]
+    fn produce_is_named_from_v0_and_served_from_v3() {
+        let r = api_versions_response(0, 3);
+        let produce = r
+            .api_keys
+            .iter()
+            .find(|k| k.api_key == ApiKey::Produce as i16)
+            .unwrap();
+        assert_eq!((produce.min_version, produce.max_version), (0, 13));
+        assert!(!is_supported(ApiKey::Produce, 2));
+        assert!(is_supported(ApiKey::Produce, 3));
     }
 
     /// Checks that every version of `k` from `first` (the first past the codec) to `hi` has
