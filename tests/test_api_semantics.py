@@ -595,6 +595,36 @@ def test_newest_metadata_and_fetch_versions(broker):
         assert fp.records and b"v4" in bytes(fp.records), (version, fp)
 
 
+def test_an_incremental_fetch_names_no_session(broker):
+    """kaas grants no fetch sessions (it answers session id 0), so a Fetch with a session epoch
+    above 0 — an incremental fetch of a session it never granted — is answered
+    FETCH_SESSION_ID_NOT_FOUND, as Kafka answers for an unknown session, and a full fetch
+    (epoch 0 or -1, any session id) is served. kaas answered the incremental one as a full
+    fetch of the partitions it listed (found side by side with Kafka 4.4)."""
+    from kafka.protocol.consumer import FetchRequest
+    topic = unique_topic("session")
+    create_topic(broker.bootstrap, topic, 1)
+    produce_plain(broker.bootstrap, topic, [(None, b"v", None)], acks="all")
+
+    def fetch(session_id, session_epoch):
+        return kwire.send(broker, FetchRequest[12](
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+            session_id=session_id, session_epoch=session_epoch,
+            topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
+                FetchRequest.FetchTopic.FetchPartition(
+                    partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                    log_start_offset=-1, partition_max_bytes=1 << 20)])],
+            forgotten_topics_data=[], rack_id=""))
+
+    for session_id, epoch in ((1234, 1), (0, 7)):
+        f = fetch(session_id, epoch)
+        assert (f.error_code, f.responses) == (70, []), (session_id, epoch, f)
+    for session_id, epoch in ((0, -1), (0, 0), (1234, 0)):
+        f = fetch(session_id, epoch)
+        assert (f.error_code, f.session_id) == (0, 0), f
+        assert f.responses[0].partitions[0].high_watermark == 1, f
+
+
 def test_a_broker_describes_every_config_it_knows_with_its_default(broker):
     """A broker's DescribeConfigs lists every broker config kaas knows, as Kafka lists all of
     its own: the topic defaults (alterable, DEFAULT_CONFIG until set), the connection limits,
@@ -763,6 +793,23 @@ def test_a_topic_named_twice_in_one_admin_request_is_refused_as_kafka_does(broke
     assert [r[:2] for r in rows] == [(once, INVALID_REQUEST), (existing, 0)], rows
     topics = a.list_topics(timeout=10).topics
     assert once in topics and existing not in topics
+
+
+def test_delete_topics_naming_a_topic_by_name_and_id_is_refused(broker):
+    """DeleteTopics v6 with both a name and an id for one entry is INVALID_REQUEST, as Kafka
+    answers ("You may not specify both topic name and topic id."), and nothing is deleted.
+    kaas deleted the topic the name gave (found side by side with Kafka 4.4)."""
+    from kafka.protocol.admin import CreateTopicsRequest as CT, DeleteTopicsRequest as DT
+    topic = unique_topic("nameandid")
+    (created,) = kwire.send(broker, CT[7](topics=[CT.CreatableTopic(
+        name=topic, num_partitions=1, replication_factor=1, assignments=[], configs=[])],
+        timeout_ms=30_000, validate_only=False)).topics
+    assert created.error_code == 0, created
+    (r,) = kwire.send(broker, DT[6](topics=[DT.DeleteTopicState(
+        name=topic, topic_id=created.topic_id)], timeout_ms=30_000)).responses
+    assert (r.error_code, r.error_message) == (
+        42, "You may not specify both topic name and topic id."), r
+    assert topic in admin(broker.bootstrap).list_topics(timeout=10).topics
 
 
 # The error message of a successful entry, as Apache Kafka 4.4 sends it: null, "", or (for

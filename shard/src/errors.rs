@@ -92,6 +92,7 @@ pub const INVALID_REQUEST: i16 = E::InvalidRequest.code();
 /// KIP-1242 (ApiVersions v5): the client's metadata names another cluster or broker.
 pub const REBOOTSTRAP_REQUIRED: i16 = E::RebootstrapRequired.code();
 pub const INVALID_RECORD: i16 = E::InvalidRecord.code();
+pub const FETCH_SESSION_ID_NOT_FOUND: i16 = E::FetchSessionIdNotFound.code();
 pub const INVALID_TIMESTAMP: i16 = E::InvalidTimestamp.code();
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
 pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();

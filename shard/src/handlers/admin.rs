@@ -243,6 +243,20 @@ pub async fn delete_topics(
     let duplicate_ids = repeated(wanted.iter().map(|(_, id)| *id).filter(|id| !id.is_nil()));
     let (mut answered_names, mut answered_ids) = (HashSet::new(), HashSet::new());
     for (name, id) in wanted {
+        if name.is_some() && !id.is_nil() {
+            // Which one would be meant is the client's mistake to fix, not a guess to make
+            // (kaas deleted the topic the name gave); Kafka's answer.
+            responses.push(
+                DeletableTopicResult::default()
+                    .with_name(name.map(|n| TopicName(s(&n))))
+                    .with_topic_id(id)
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_error_message(Some(s(
+                        "You may not specify both topic name and topic id.",
+                    ))),
+            );
+            continue;
+        }
         let duplicate = match &name {
             Some(n) if duplicate_names.contains(n) => Some((
                 answered_names.insert(n.clone()),

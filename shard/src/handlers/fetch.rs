@@ -49,6 +49,18 @@ struct Wanted {
 
 #[allow(clippy::too_many_lines)] // long before the ratchet; split when next changed
 pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchResponseOut {
+    if req.session_epoch > 0 {
+        // kaas grants no fetch sessions (its answers carry session id 0, which clients take as
+        // "keep sending full fetches"), so an incremental fetch names a session that does not
+        // exist. Kafka's answer; served as a full fetch, it listed only the partitions that
+        // changed and got an empty success.
+        return FetchResponseOut {
+            throttle_time_ms: 0,
+            error_code: errors::FETCH_SESSION_ID_NOT_FOUND,
+            session_id: 0,
+            topics: Vec::new(),
+        };
+    }
     let started = Instant::now();
     let max_wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
     let min_bytes = req.min_bytes.max(0) as usize;
