@@ -812,6 +812,64 @@ def test_delete_topics_naming_a_topic_by_name_and_id_is_refused(broker):
     assert topic in admin(broker.bootstrap).list_topics(timeout=10).topics
 
 
+def test_admin_requests_that_contradict_themselves_are_refused(broker):
+    """As Kafka's controller answers them (compared side by side with Kafka 4.4), and nothing
+    is done: CreateTopics with explicit assignments and a partition count (INVALID_REQUEST),
+    CreateTopics with a config without a value (INVALID_CONFIG), CreatePartitions growing to 6
+    with one assignment (INVALID_REPLICA_ASSIGNMENT), IncrementalAlterConfigs naming one config
+    twice (INVALID_REQUEST). kaas obeyed one half of each."""
+    from kafka.protocol.admin import (CreatePartitionsRequest as CP, CreateTopicsRequest as CT,
+                                      IncrementalAlterConfigsRequest as IAC)
+    a = admin(broker.bootstrap)
+    [me] = list(a.list_topics(timeout=10).brokers)
+    both, null_config, grown = (unique_topic(p) for p in ("both", "nullcfg", "grown"))
+
+    def create(name, **fields):
+        topic = dict(name=name, num_partitions=1, replication_factor=1, assignments=[],
+                     configs=[])
+        topic.update(fields)
+        (r,) = kwire.send(broker, CT[7](topics=[CT.CreatableTopic(**topic)], timeout_ms=30_000,
+                                        validate_only=False)).topics
+        return r.error_code
+
+    assert create(both, num_partitions=2, replication_factor=-1, assignments=[
+        CT.CreatableTopic.CreatableReplicaAssignment(partition_index=0, broker_ids=[me])]) == 42
+    assert create(null_config, configs=[
+        CT.CreatableTopic.CreatableTopicConfig(name="retention.ms", value=None)]) == 40
+    assert create(grown) == 0
+    (r,) = kwire.send(broker, CP[3](topics=[CP.CreatePartitionsTopic(
+        name=grown, count=6, assignments=[CP.CreatePartitionsTopic.CreatePartitionsAssignment(
+            broker_ids=[me])])], timeout_ms=30_000, validate_only=False)).results
+    assert r.error_code == 39, r
+    (r,) = kwire.send(broker, IAC[1](resources=[IAC.AlterConfigsResource(
+        resource_type=2, resource_name=grown, configs=[
+            IAC.AlterConfigsResource.AlterableConfig(name="retention.ms", config_operation=0,
+                                                     value=v) for v in ("1000", "2000")])],
+        validate_only=False)).responses
+    assert r.error_code == 42, r
+    topics = a.list_topics(timeout=10).topics
+    assert both not in topics and null_config not in topics
+    assert len(topics[grown].partitions) == 1
+    [described] = a.describe_configs([ConfigResource("topic", grown)]).values()
+    assert described.result(10)["retention.ms"].value == "604800000"
+
+
+def test_a_name_no_topic_can_have_is_an_invalid_topic(broker):
+    """Produce to, and DescribeConfigs of, a name no topic can have ("a b", "") answer
+    INVALID_TOPIC_EXCEPTION, as Kafka does, not UNKNOWN_TOPIC_OR_PARTITION: a client retries
+    the latter, waiting for a topic that can never exist (found side by side with Kafka 4.4)."""
+    from kafka.protocol.admin import DescribeConfigsRequest as DCf
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+        assert kwire.produce(s, version, 5, "a b", 0, kwire.record_batch([(None, b"v")]))[0] == 17
+    for name in ("", "a b"):
+        (r,) = kwire.send(broker, DCf[4](resources=[DCf.DescribeConfigsResource(
+            resource_type=2, resource_name=name, configuration_keys=None)],
+            include_synonyms=False, include_documentation=False)).results
+        assert r.error_code == 17, (name, r)
+
+
 # The error message of a successful entry, as Apache Kafka 4.4 sends it: null, "", or (for
 # FindCoordinator v1-v3 and an UpdateFeatures v1 feature) "NONE". A client may take any
 # message for an error, and KafkaJS's own tests expect null after CreateTopics.

@@ -478,8 +478,14 @@ def test_group_configs_override_the_broker_per_group(broker):
                       incremental_operation=AlterConfigOpType.SET))
     got = described()["consumer.session.timeout.ms"]
     assert (got.value, got.source) == ("60000", ConfigSource.GROUP_CONFIG.value), got
+    # Outside Kafka's group.consumer.{min,max} ranges (45-60 s, 5-15 s), which kaas took
+    # (found side by side with Kafka 4.4: a session timeout of 1 ms fenced every member at
+    # every heartbeat).
     for name, value in (("consumer.session.timeout.msx", "1"),
-                        ("consumer.heartbeat.interval.ms", "soon")):
+                        ("consumer.heartbeat.interval.ms", "soon"),
+                        ("consumer.session.timeout.ms", "1"),
+                        ("consumer.heartbeat.interval.ms", "100"),
+                        ("consumer.heartbeat.interval.ms", "60000")):
         with pytest.raises(KafkaException) as e:
             alter(ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET))
         assert e.value.args[0].code() == 40, e.value  # INVALID_CONFIG
@@ -1052,3 +1058,56 @@ def test_bench_offset_commits(broker, java_classes, mode):
     m = re.search(r"COMMITS (\d+) (\d+)", out)
     assert m, out
     print(f"BENCH offset commits ({mode}): {m.group(2)}/s ({m.group(1)} in 10 s)")
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_deleted_topics_offsets_do_not_position_its_successor(broker, protocol):
+    """A group's committed offsets go with their topic, as in Kafka: deleted and created again
+    under its name (here with fewer partitions), the topic is read from its start by a group
+    that had read the old one to its end, `list_consumer_group_offsets` lists nothing for the
+    deleted partitions, and the group is described. kaas kept the old offsets by name: the
+    group skipped the new topic's records up to the old offset, and kafka-consumer-groups
+    --describe failed on the partition that no longer exists (found side by side with Kafka
+    4.4)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import NewTopic
+    from kcheck import admin
+    topic, group = unique_topic(f"reborn-{protocol}"), unique_topic(f"reborn-g-{protocol}")
+    create_topic(broker.bootstrap, topic, 2)
+    rdkafka_produce(broker.bootstrap, topic, values("old", 20))
+    c = rd_consumer(broker.bootstrap, group, protocol)
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(2)])
+        seen = []
+        wait_until(lambda: len(seen) >= 20, 30, "the old topic read",
+                   step=lambda: seen.extend(m for m in c.consume(100, 0.1) if not m.error()))
+        c.commit(asynchronous=False)
+    finally:
+        c.close()
+    assert committed(broker.bootstrap, group, topic, 2) == end_offsets(broker.bootstrap, topic, 2)
+
+    a = admin(broker.bootstrap)
+    a.delete_topics([topic], operation_timeout=30)[topic].result(30)
+    wait_until(lambda: topic not in a.list_topics(timeout=10).topics, 30, "the topic gone")
+    a.create_topics([NewTopic(topic, 1)], operation_timeout=30)[topic].result(60)
+    rdkafka_produce(broker.bootstrap, topic, values("new", 5))
+
+    def listed():
+        req = [ConsumerGroupTopicPartitions(group)]
+        [f] = a.list_consumer_group_offsets(req).values()
+        return {(tp.partition, tp.offset) for tp in f.result(30).topic_partitions
+                if tp.topic == topic}
+    assert listed() <= {(0, -1001)}, listed()
+    [described] = a.describe_consumer_groups([group]).values()
+    assert described.result(30).group_id == group
+
+    c = rd_consumer(broker.bootstrap, group, protocol)
+    try:
+        c.subscribe([topic])
+        got = []
+        wait_until(lambda: len(got) >= 5, 60, "the new topic read from its start",
+                   step=lambda: got.extend(m.value() for m in c.consume(100, 0.1)
+                                           if not m.error()))
+        assert sorted(got) == sorted(v for _, v in values("new", 5))
+    finally:
+        c.close()

@@ -212,3 +212,35 @@ def rdkafka_read_all_one(bootstrap: str, topic: str):
     from kcheck import rdkafka_read_all
     records, ends = rdkafka_read_all(bootstrap, topic, 1, timeout=30)
     return [v for _, _, _, v in records], ends[0]
+
+
+@pytest.mark.parametrize("topic_codec,producer_codec,attribute",
+                         [("gzip", "none", 1), ("zstd", "lz4", 4), ("uncompressed", "lz4", 0),
+                          ("producer", "snappy", 2)])
+def test_a_topics_compression_type_is_how_it_stores_batches(broker, topic_codec, producer_codec,
+                                                             attribute):
+    """A topic's `compression.type` is the codec its stored batches have, whatever the
+    producer used, as Kafka recompresses (`producer` keeps the producer's). kaas stored every
+    batch as the producer sent it (found side by side with Kafka 4.4). The records read back
+    whole with librdkafka."""
+    from confluent_kafka import Producer
+    if broker.external:
+        pytest.skip("reads the broker's segment files")
+    topic = unique_topic(f"ct-{topic_codec}")
+    create_topic(broker.bootstrap, topic, 1, config={"compression.type": topic_codec})
+    p = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": producer_codec,
+                  "linger.ms": 20})
+    for i in range(50):
+        p.produce(topic, value=b"record-%d " % i * 20, partition=0)
+    assert p.flush(30) == 0
+    segments = sorted(broker.data_dir.glob(f"{topic}~*/0/*.log"))
+    data = segments[0].read_bytes()
+    codecs, at = set(), 0
+    while at + 61 <= len(data):
+        length = int.from_bytes(data[at + 8:at + 12], "big")
+        codecs.add(int.from_bytes(data[at + 21:at + 23], "big") & 7)
+        at += 12 + length
+    assert codecs == {attribute}, f"stored codecs {codecs}, topic {topic_codec}"
+    from kcheck import rdkafka_read_all
+    records, ends = rdkafka_read_all(broker.bootstrap, topic, 1, timeout=30)
+    assert [v for _, _, _, v in records] == [b"record-%d " % i * 20 for i in range(50)]

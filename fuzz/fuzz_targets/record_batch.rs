@@ -28,7 +28,13 @@ fn check(data: &[u8]) {
         );
         let batch = &data[at..at + len];
         assert_eq!(peek_header(batch).ok().map(|p| p.total_len()), Some(len));
-        let _ = kaas_storage::walk_produced_records(batch, h, &mut scratch, |_| {});
+        let _ = kaas_storage::walk_produced_records(
+            batch,
+            h,
+            &mut scratch,
+            kaas_storage::StoredCompression::AsProduced,
+            |_| {},
+        );
         let _ = kaas_storage::compaction_records(batch);
         at += len;
     }

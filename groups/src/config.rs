@@ -64,6 +64,38 @@ pub const SETTINGS: &[Setting] = &[
         doc: "Heartbeat interval the coordinator gives KIP-848 members.",
     },
     Setting {
+        kafka_name: "group.consumer.min.session.timeout.ms",
+        env: "KAAS_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS",
+        default: 45_000,
+        min: 1,
+        max: 3_600_000,
+        doc: "Smallest consumer.session.timeout.ms a group config may set.",
+    },
+    Setting {
+        kafka_name: "group.consumer.max.session.timeout.ms",
+        env: "KAAS_GROUP_CONSUMER_MAX_SESSION_TIMEOUT_MS",
+        default: 60_000,
+        min: 1,
+        max: 3_600_000,
+        doc: "Largest consumer.session.timeout.ms a group config may set.",
+    },
+    Setting {
+        kafka_name: "group.consumer.min.heartbeat.interval.ms",
+        env: "KAAS_GROUP_CONSUMER_MIN_HEARTBEAT_INTERVAL_MS",
+        default: 5_000,
+        min: 1,
+        max: 3_600_000,
+        doc: "Smallest consumer.heartbeat.interval.ms a group config may set.",
+    },
+    Setting {
+        kafka_name: "group.consumer.max.heartbeat.interval.ms",
+        env: "KAAS_GROUP_CONSUMER_MAX_HEARTBEAT_INTERVAL_MS",
+        default: 15_000,
+        min: 1,
+        max: 3_600_000,
+        doc: "Largest consumer.heartbeat.interval.ms a group config may set.",
+    },
+    Setting {
         kafka_name: "offset.metadata.max.bytes",
         env: "KAAS_GROUP_OFFSET_METADATA_MAX_BYTES",
         default: 4096,
@@ -161,7 +193,8 @@ pub fn group_setting(name: &str) -> Option<&'static GroupSetting> {
     GROUP_SETTINGS.iter().find(|g| g.name == name)
 }
 
-/// Checks one group config: a known name, an integer within its broker setting's range.
+/// Checks one group config on its own: a known name, an integer within its broker setting's
+/// range ([`GroupConfig::validate_group_configs`] checks a group's configs together).
 pub fn validate_group_setting(name: &str, value: &str) -> Result<(), String> {
     let s = group_setting(name)
         .ok_or_else(|| {
@@ -192,6 +225,11 @@ pub struct GroupConfig {
     pub initial_rebalance_delay_ms: u64,
     pub consumer_session_timeout_ms: i32,
     pub consumer_heartbeat_interval_ms: i32,
+    /// The range a group's `consumer.session.timeout.ms` may take (Kafka's
+    /// `group.consumer.{min,max}.session.timeout.ms`).
+    pub consumer_session_timeout_range_ms: (i32, i32),
+    /// The range a group's `consumer.heartbeat.interval.ms` may take.
+    pub consumer_heartbeat_interval_range_ms: (i32, i32),
     pub offset_metadata_max_bytes: usize,
     pub offsets_segment_bytes: u64,
     /// `offsets.retention.check.interval.ms`: how long an empty group without offsets stays.
@@ -221,6 +259,14 @@ impl GroupConfig {
             consumer_session_timeout_ms: get(values, "group.consumer.session.timeout.ms") as i32,
             consumer_heartbeat_interval_ms: get(values, "group.consumer.heartbeat.interval.ms")
                 as i32,
+            consumer_session_timeout_range_ms: (
+                get(values, "group.consumer.min.session.timeout.ms") as i32,
+                get(values, "group.consumer.max.session.timeout.ms") as i32,
+            ),
+            consumer_heartbeat_interval_range_ms: (
+                get(values, "group.consumer.min.heartbeat.interval.ms") as i32,
+                get(values, "group.consumer.max.heartbeat.interval.ms") as i32,
+            ),
             offset_metadata_max_bytes: get(values, "offset.metadata.max.bytes") as usize,
             offsets_segment_bytes: get(values, "offsets.segment.bytes") as u64,
             empty_group_retention_ms: get(values, "offsets.retention.check.interval.ms") as u64,
@@ -230,6 +276,45 @@ impl GroupConfig {
                 overlap: get(values, "group.consumer.rack.aware.overlap.weight") as u32,
             },
         }
+    }
+
+    /// Checks a group's configs as a whole, as Kafka's `GroupConfig` does: each a known name
+    /// with an integer value in range — the session timeout and heartbeat interval within this
+    /// broker's `group.consumer.{min,max}.*` — and the heartbeat interval below the session
+    /// timeout it leaves the group with. A member of a group that broke these was fenced at
+    /// every heartbeat (a session timeout of 1 ms), with nothing telling the user why.
+    pub fn validate_group_configs(
+        &self,
+        configs: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        for (name, value) in configs {
+            validate_group_setting(name, value)?;
+            let range = match name.as_str() {
+                "consumer.session.timeout.ms" => self.consumer_session_timeout_range_ms,
+                "consumer.heartbeat.interval.ms" => self.consumer_heartbeat_interval_range_ms,
+                _ => continue,
+            };
+            let v: i64 = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{name}: {value}"))?;
+            if !(i64::from(range.0)..=i64::from(range.1)).contains(&v) {
+                return Err(format!(
+                    "{name} must be in the range {} to {} inclusive (group.consumer.min/max \
+                     settings of the broker)",
+                    range.0, range.1
+                ));
+            }
+        }
+        let c = self.for_group(Some(configs));
+        if c.consumer_heartbeat_interval_ms >= c.consumer_session_timeout_ms {
+            return Err(format!(
+                "consumer.heartbeat.interval.ms ({}) must be less than \
+                 consumer.session.timeout.ms ({})",
+                c.consumer_heartbeat_interval_ms, c.consumer_session_timeout_ms
+            ));
+        }
+        Ok(())
     }
 
     /// How long an empty group without offsets is kept.
@@ -347,5 +432,48 @@ mod tests {
         assert!(validate_group_setting("consumer.heartbeat.interval.ms", "0").is_err());
         assert!(validate_group_setting("consumer.heartbeat.interval.ms", "x").is_err());
         assert!(validate_group_setting("share.session.timeout.ms", "45000").is_err());
+    }
+
+    // Kafka's checks of a group's configs: the session timeout and heartbeat interval within
+    // the broker's group.consumer.{min,max} settings, and the interval below the timeout.
+    #[test]
+    fn group_configs_are_checked_together() {
+        let broker = GroupConfig::default();
+        let check = |pairs: &[(&str, &str)]| {
+            let m: std::collections::BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            broker.validate_group_configs(&m)
+        };
+        assert_eq!(check(&[("consumer.session.timeout.ms", "50000")]), Ok(()));
+        assert_eq!(
+            check(&[
+                ("consumer.session.timeout.ms", "60000"),
+                ("consumer.heartbeat.interval.ms", "15000")
+            ]),
+            Ok(())
+        );
+        for bad in [
+            &[("consumer.session.timeout.ms", "1")][..],
+            &[("consumer.session.timeout.ms", "60001")],
+            &[("consumer.heartbeat.interval.ms", "100")],
+            &[("consumer.heartbeat.interval.ms", "60000")],
+            &[("consumer.session.timeout.ms", "abc")],
+            &[("no.such.config", "1")],
+        ] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
+        // In range each, but the interval not below the timeout (a broker whose ranges overlap).
+        let wide = GroupConfig {
+            consumer_heartbeat_interval_range_ms: (5_000, 60_000),
+            ..GroupConfig::default()
+        };
+        let m = [(
+            "consumer.heartbeat.interval.ms".to_string(),
+            "50000".to_string(),
+        )]
+        .into();
+        assert!(wide.validate_group_configs(&m).is_err());
     }
 }

@@ -164,6 +164,9 @@ pub enum CatalogError {
     InvalidReplicaAssignment(String),
     #[error("{0}")]
     InvalidConfig(String),
+    /// A request that contradicts itself (Kafka's INVALID_REQUEST).
+    #[error("{0}")]
+    InvalidRequest(String),
     /// Broker configs Kafka defines but does not change at run time (Kafka's own message).
     #[error("Cannot update these configs dynamically: [{0}]")]
     NotDynamic(String),
@@ -608,7 +611,13 @@ impl Catalog {
             let cur = t
                 .get(name)
                 .ok_or_else(|| CatalogError::UnknownTopic(name.to_string()))?;
-            if total <= cur.partitions {
+            // Kafka's two messages: the same count is not "higher".
+            if total == cur.partitions {
+                return Err(CatalogError::InvalidPartitions(format!(
+                    "Topic already has {total} partition(s)."
+                )));
+            }
+            if total < cur.partitions {
                 return Err(CatalogError::InvalidPartitions(format!("Topic currently has {} partitions, which is higher than the requested {total}.", cur.partitions)));
             }
             if total > MAX_PARTITIONS_PER_TOPIC {

@@ -32,6 +32,7 @@ pub fn catalog(e: &CatalogError) -> i16 {
         CatalogError::InvalidReplicaAssignment(_) => E::InvalidReplicaAssignment.code(),
         CatalogError::DuplicateName => E::InvalidRequest.code(),
         CatalogError::InvalidConfig(_) => E::InvalidConfig.code(),
+        CatalogError::InvalidRequest(_) => E::InvalidRequest.code(),
         CatalogError::NotDynamic(_) => E::InvalidRequest.code(),
         CatalogError::Storage { .. } => E::KafkaStorageError.code(),
         // Retriable: the name is free again within seconds (auto-creation's answer; CreateTopics

@@ -427,8 +427,16 @@ async fn serve_control(shard: Rc<Shard>, inbox: control_channel::ControlReceiver
 /// timeouts for as long as the shard lives.
 async fn run_group_coordinator(shard: Rc<Shard>) {
     shard.groups.load().await;
+    // The catalog the offsets were last checked against: checked again whenever it changes
+    // (a topic deleted here or by another broker), and once after loading.
+    let mut checked: Option<Arc<catalog::TopicTable>> = None;
     loop {
         glommio::timer::sleep(groups::TICK).await;
+        let catalog = shard.catalog.snapshot();
+        if !checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, &catalog)) {
+            shard.groups.forget_deleted_topics(&catalog).await;
+            checked = Some(catalog);
+        }
         for group in shard.groups.tick(std::time::Instant::now()) {
             // A member may have joined since the tick: then the group is not empty and stays.
             match shard.groups.delete_group(&group).await {

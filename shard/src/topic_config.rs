@@ -42,7 +42,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         name: "compression.type",
         default: "producer",
         kind: ConfigType::String,
-        doc: "Final compression type for the topic",
+        doc: "Final compression type for the topic: producer keeps each batch as the producer compressed it; another value stores every batch with that codec, recompressing on produce as Kafka does",
         one_of: &["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"],
         min: 0,
     },
@@ -168,7 +168,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         name: "compression.gzip.level",
         default: "-1",
         kind: ConfigType::Int,
-        doc: "Accepted, no effect: kaas stores batches as the producer compressed them",
+        doc: "Accepted, no effect: a batch recompressed for compression.type uses the codec's default level",
         one_of: &[],
         min: -1,
     },
@@ -176,7 +176,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         name: "compression.lz4.level",
         default: "9",
         kind: ConfigType::Int,
-        doc: "Accepted, no effect: kaas stores batches as the producer compressed them",
+        doc: "Accepted, no effect: a batch recompressed for compression.type uses the codec's default level",
         one_of: &[],
         min: 1,
     },
@@ -184,7 +184,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         name: "compression.zstd.level",
         default: "3",
         kind: ConfigType::Int,
-        doc: "Accepted, no effect: kaas stores batches as the producer compressed them",
+        doc: "Accepted, no effect: a batch recompressed for compression.type uses the codec's default level",
         one_of: &[],
         min: -131072,
     },
@@ -993,6 +993,8 @@ pub struct ProduceRules {
     /// With CreateTime, how far (ms) a batch's timestamps may lie behind and ahead of the
     /// broker's clock (`message.timestamp.before.max.ms`, `message.timestamp.after.max.ms`).
     pub create_time_window: Option<(i64, i64)>,
+    /// `compression.type`: the codec stored batches have.
+    pub compression: kaas_storage::StoredCompression,
 }
 
 /// The produce-time rules of a topic with overrides `topic`, over the broker's defaults.
@@ -1008,6 +1010,7 @@ pub fn produce_rules(
             .split(',')
             .any(|p| p.trim() == "compact"),
         log_append_time,
+        compression: stored_compression(get("compression.type")),
         create_time_window: (!log_append_time).then(|| {
             let ms = |name: &str| get(name).parse::<i64>().unwrap_or(i64::MAX).max(0);
             (
@@ -1015,6 +1018,19 @@ pub fn produce_rules(
                 ms("message.timestamp.after.max.ms"),
             )
         }),
+    }
+}
+
+/// `compression.type` as the append applies it (anything else is refused when set).
+fn stored_compression(value: &str) -> kaas_storage::StoredCompression {
+    use kaas_storage::{Codec, StoredCompression as S};
+    match value {
+        "uncompressed" => S::Uncompressed,
+        "gzip" => S::With(Codec::Gzip),
+        "snappy" => S::With(Codec::Snappy),
+        "lz4" => S::With(Codec::Lz4),
+        "zstd" => S::With(Codec::Zstd),
+        _ => S::AsProduced,
     }
 }
 

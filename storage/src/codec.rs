@@ -4,7 +4,8 @@
 //! Java reader does), 3 lz4 (the LZ4 frame format, independent 64 KiB blocks, which is what
 //! Kafka's Java reader accepts), 4 zstd (a standard zstd frame).
 //!
-//! Used only by compaction, never on the produce or fetch path: the broker otherwise stores and
+//! Used by compaction, and on produce to check a compressed batch's records and to recompress
+//! it for a topic whose `compression.type` names another codec; otherwise the broker stores and
 //! serves compressed batches as the producer sent them.
 //!
 //! Decompression is bounded by the caller's `limit`: batch bodies come from producers, and a
@@ -42,6 +43,16 @@ impl Codec {
             3 => Ok(Some(Codec::Lz4)),
             4 => Ok(Some(Codec::Zstd)),
             other => Err(CodecError::Unknown(other)),
+        }
+    }
+
+    /// This codec's attribute bits (0-2) in a batch header.
+    pub fn attribute(self) -> i16 {
+        match self {
+            Codec::Gzip => 1,
+            Codec::Snappy => 2,
+            Codec::Lz4 => 3,
+            Codec::Zstd => 4,
         }
     }
 

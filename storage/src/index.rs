@@ -53,7 +53,7 @@ impl BatchEntry {
 }
 
 /// One sparse mark. Relative offset and position fit in 32 bits because a segment is rolled
-/// before it could outgrow them (`PartitionLog::maybe_roll`); a batch that would not fit gets
+/// before it could outgrow them (`PartitionLog::roll`); a batch that would not fit gets
 /// no mark, which only lengthens the scans after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Mark {

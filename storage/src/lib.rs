@@ -31,6 +31,7 @@ mod segment;
 pub mod stats;
 pub mod sync_failure;
 
+pub use codec::Codec;
 pub use error::StorageError;
 pub use fs_sync::{filesystem_syncs, SyncScope};
 pub use manifest::{replace_visible, write_atomically};
@@ -119,9 +120,34 @@ pub enum ProducedRecordsError {
     Invalid(#[from] kaas_wire::records::InvalidRecords),
 }
 
+/// What a topic's `compression.type` makes of a produced batch's records as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredCompression {
+    /// `producer` (the default): as the producer sent them.
+    AsProduced,
+    /// `uncompressed`.
+    Uncompressed,
+    /// `gzip`, `snappy`, `lz4` or `zstd`.
+    With(Codec),
+}
+
+impl StoredCompression {
+    /// The codec bits a stored batch has under this setting, `None` for "as produced".
+    fn attribute(self) -> Option<i16> {
+        match self {
+            StoredCompression::AsProduced => None,
+            StoredCompression::Uncompressed => Some(0),
+            StoredCompression::With(codec) => Some(codec.attribute()),
+        }
+    }
+}
+
 /// Walks the records of a produced batch (see [`kaas_wire::records`]), decompressing a
 /// compressed one into `scratch` first, within [`compaction::MAX_DECOMPRESSED_BYTES`]; `each`
-/// sees every record in order. `batch` must hold the whole verified batch.
+/// sees every record in order. `batch` must hold the whole verified batch. When `stored` asks
+/// for another codec than the producer's, returns the batch rebuilt with it, as Kafka's
+/// `LogValidator` recompresses: the same header but for the codec bits, the length and the
+/// CRC.
 ///
 /// # Errors
 /// [`ProducedRecordsError`] when the codec is unknown, the body does not decompress (or past
@@ -130,10 +156,12 @@ pub fn walk_produced_records<'a>(
     batch: &'a [u8],
     header: &kaas_wire::batch::BatchHeader,
     scratch: &'a mut Vec<u8>,
+    stored: StoredCompression,
     each: impl FnMut(kaas_wire::records::RecordView<'a>),
-) -> Result<(), ProducedRecordsError> {
-    use codec::{Codec, CodecError};
-    let raw = &batch[kaas_wire::batch::BATCH_HEADER_LEN..header.total_len()];
+) -> Result<Option<Vec<u8>>, ProducedRecordsError> {
+    use codec::CodecError;
+    use kaas_wire::batch::{BATCH_HEADER_LEN, LOG_OVERHEAD};
+    let raw = &batch[BATCH_HEADER_LEN..header.total_len()];
     let body: &'a [u8] = match Codec::from_attributes(header.attributes)
         .map_err(|_| ProducedRecordsError::UnknownCodec(header.compression()))?
     {
@@ -150,7 +178,26 @@ pub fn walk_produced_records<'a>(
         }
     };
     kaas_wire::records::for_each_record(body, header.record_count, each)?;
-    Ok(())
+    let Some(attribute) = stored.attribute().filter(|&a| a != header.compression()) else {
+        return Ok(None);
+    };
+    let mut out = Vec::with_capacity(BATCH_HEADER_LEN + body.len());
+    out.extend_from_slice(&batch[..BATCH_HEADER_LEN]);
+    match stored {
+        StoredCompression::With(codec) => codec
+            .compress(body, &mut out)
+            .map_err(|e| ProducedRecordsError::Corrupt(format!("{e:?}")))?,
+        _ => out.extend_from_slice(body),
+    }
+    let attributes = (header.attributes & !0x07) | attribute;
+    out[21..23].copy_from_slice(&attributes.to_be_bytes());
+    let len =
+        i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| ProducedRecordsError::TooLarge {
+            limit: i32::MAX as usize,
+        })?;
+    out[8..12].copy_from_slice(&len.to_be_bytes());
+    kaas_wire::batch::seal_crc(&mut out);
+    Ok(Some(out))
 }
 
 /// (offset, key as UTF-8) of each record of a data batch (decompressed if it is compressed),

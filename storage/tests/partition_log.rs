@@ -1152,3 +1152,61 @@ fn rewrite_second_record_delta(bytes: &mut Vec<u8>, delta: i64) {
     kaas_wire::batch::seal_crc(&mut rebuilt);
     *bytes = rebuilt;
 }
+
+// Proves: retention deletes the last segment of an idle topic once it is past retention, as
+// Kafka rolls and deletes it: lowering retention.ms empties the log (log start = log end),
+// in both sync scopes. Before, the active segment was never deleted, so a topic written less
+// than a segment's worth kept its records forever. A segment with records above the high
+// watermark (not yet acknowledged) is kept.
+#[test]
+fn retention_empties_an_idle_log_past_retention() {
+    for scope in [SyncScope::File, SyncScope::Filesystem] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t-0");
+        run(move || async move {
+            let config = LogConfig {
+                sync_scope: scope,
+                ..LogConfig::default()
+            };
+            let log = PartitionLog::open(path, config.clone(), LeaderEpoch(0))
+                .await
+                .unwrap();
+            for i in 0..3 {
+                let spec = BatchSpec {
+                    timestamp: 1_000 + i,
+                    ..Default::default()
+                };
+                append(&log, &batch(spec, &[b"old"])).await;
+            }
+            let now = 10_000_000;
+            log.set_config(LogConfig {
+                retention_ms: 60_000,
+                ..config.clone()
+            });
+            log.enforce_retention(now).await.unwrap();
+            assert_eq!(
+                log.log_start_offset(),
+                0,
+                "{scope:?}: records above the high watermark"
+            );
+            log.advance_high_watermark(3);
+            for _ in 0..50 {
+                log.enforce_retention(now).await.unwrap();
+                if log.log_start_offset() == 3 {
+                    break;
+                }
+                glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            assert_eq!(log.log_start_offset(), 3, "{scope:?}");
+            assert_eq!(log.log_end_offset(), 3);
+            assert_eq!(
+                segment_files(log.dir()),
+                1,
+                "{scope:?}: only the new, empty segment"
+            );
+            // Written to again, the log goes on from where it was.
+            let out = append(&log, &batch(BatchSpec::default(), &[b"new"])).await;
+            assert_eq!(out.base_offset(), 3);
+        });
+    }
+}

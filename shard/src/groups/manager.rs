@@ -662,6 +662,46 @@ impl GroupManager {
         Ok(())
     }
 
+    /// Deletes, in every group this shard coordinates, the committed offsets that no longer
+    /// belong to a topic of `catalog` (see [`CommittedOffset::is_current`]), as Kafka's
+    /// coordinator drops a deleted topic's offsets: `kafka-consumer-groups --describe` then
+    /// lists none for it, and a group left with nothing else can expire. (They are not
+    /// answered meanwhile either way.) Returns how many were deleted.
+    pub async fn forget_deleted_topics(&self, catalog: &crate::catalog::TopicTable) -> usize {
+        let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
+        let mut forgotten = 0;
+        for g in groups {
+            let stale: Vec<OffsetRecord> = g
+                .offsets
+                .borrow()
+                .iter()
+                .flat_map(|(t, ps)| {
+                    ps.iter()
+                        .filter(|(p, v)| !v.is_current(t, **p, catalog))
+                        .map(|(p, _)| OffsetRecord::Delete {
+                            topic: t.clone(),
+                            partition: *p,
+                        })
+                })
+                .collect();
+            if stale.is_empty() {
+                continue;
+            }
+            let n = stale.len();
+            match self.write_offsets(&g, stale).await {
+                Ok(()) => {
+                    forgotten += n;
+                    tracing::info!(group = %g.id, offsets = n, "deleted the committed offsets of deleted topics");
+                }
+                // Moved or deleted meanwhile: whoever has it now does the same.
+                Err(e) => {
+                    tracing::debug!(group = %g.id, error = %e, "offsets of deleted topics not deleted")
+                }
+            }
+        }
+        forgotten
+    }
+
     /// DeleteGroups: only an empty group can go; its offsets are removed from disk.
     pub async fn delete_group(&self, group_id: &str) -> Result<(), GroupError> {
         let Some(group) = self.get(group_id) else {
@@ -829,6 +869,7 @@ mod tests {
                 leader_epoch: 0,
                 metadata: String::new(),
                 commit_timestamp_ms: 1,
+                topic_id: uuid::Uuid::nil(),
             },
         }
     }

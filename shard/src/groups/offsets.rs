@@ -35,6 +35,8 @@ use kaas_groups::classic::{StoredGroup, StoredMember};
 use kaas_storage::{LeaderEpoch, LogConfig, PartitionLog, StorageError};
 use kaas_wire::batch::{self, BatchSpec, RecordKv, BATCH_HEADER_LEN};
 
+use crate::catalog::TopicTable;
+
 /// One committed offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommittedOffset {
@@ -42,6 +44,24 @@ pub struct CommittedOffset {
     pub leader_epoch: i32,
     pub metadata: String,
     pub commit_timestamp_ms: i64,
+    /// The id of the topic the offset was committed for. Offsets are kept by topic name, and
+    /// a topic deleted and created again under its name is another topic: an offset of the
+    /// old one must not position a consumer of the new one (it skipped the new topic's
+    /// records up to the old offset), as Kafka drops a deleted topic's offsets. Nil for an
+    /// offset an older kaas stored, which did not record it.
+    pub topic_id: uuid::Uuid,
+}
+
+impl CommittedOffset {
+    /// Whether this offset, stored for `topic`/`partition`, belongs to the topic the catalog
+    /// has under that name now: the topic exists, is the one committed for, and still has the
+    /// partition. Offsets that do not are never answered, and are deleted
+    /// ([`super::GroupManager::forget_deleted_topics`]).
+    pub fn is_current(&self, topic: &str, partition: i32, catalog: &TopicTable) -> bool {
+        catalog.get(topic).is_some_and(|t| {
+            (self.topic_id.is_nil() || self.topic_id == t.id) && partition < t.partitions
+        })
+    }
 }
 
 /// topic -> partition -> committed offset, ordered so OffsetFetch answers are stable.
@@ -118,6 +138,8 @@ fn encode_value(v: &CommittedOffset) -> Vec<u8> {
     out.extend_from_slice(&v.commit_timestamp_ms.to_be_bytes());
     out.extend_from_slice(&(v.metadata.len() as u32).to_be_bytes());
     out.extend_from_slice(v.metadata.as_bytes());
+    // After everything an older kaas reads, which ignores what follows the metadata.
+    out.extend_from_slice(v.topic_id.as_bytes());
     out
 }
 
@@ -304,6 +326,11 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Option<OffsetRecord> {
     let commit_timestamp_ms = v.i64()?;
     let mlen = u32::from_be_bytes(v.take(4)?.try_into().ok()?) as usize;
     let metadata = std::str::from_utf8(v.take(mlen)?).ok()?.to_string();
+    // Absent in what an older kaas wrote.
+    let topic_id = v
+        .take(16)
+        .and_then(|id| uuid::Uuid::from_slice(id).ok())
+        .unwrap_or_default();
     Some(OffsetRecord::Commit {
         topic,
         partition,
@@ -312,6 +339,7 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Option<OffsetRecord> {
             leader_epoch,
             metadata,
             commit_timestamp_ms,
+            topic_id,
         },
     })
 }
@@ -618,6 +646,7 @@ pub(super) mod tests {
                 leader_epoch: 3,
                 metadata: metadata.into(),
                 commit_timestamp_ms: 42,
+                topic_id: uuid::Uuid::from_u128(7),
             },
         }
     }

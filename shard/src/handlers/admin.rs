@@ -65,6 +65,8 @@ pub async fn create_topics(
         let indexes = t.assignments.iter().map(|a| a.partition_index);
         let outcome = if duplicate {
             Err(CatalogError::DuplicateName)
+        } else if let Err(e) = self_consistent(&t) {
+            Err(e)
         } else if let Err(e) = known_brokers(shard, assigned) {
             Err(e)
         } else if let Err(e) = consecutive_from_zero(indexes) {
@@ -115,6 +117,32 @@ pub async fn create_topics(
     )
     .await;
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// A CreateTopics entry that contradicts itself, refused as Kafka's controller refuses it
+/// rather than one half of it obeyed: explicit assignments with a partition count or
+/// replication factor, or a config without a value.
+fn self_consistent(t: &CreatableTopic) -> Result<(), CatalogError> {
+    if !t.assignments.is_empty() && (t.num_partitions != -1 || t.replication_factor != -1) {
+        return Err(CatalogError::InvalidRequest(
+            "Both numPartitions or replicationFactor and replicasAssignments were set. Both \
+             cannot be used at the same time."
+                .into(),
+        ));
+    }
+    let nulls: Vec<&str> = t
+        .configs
+        .iter()
+        .filter(|c| c.value.is_none())
+        .map(|c| c.name.as_str())
+        .collect();
+    if !nulls.is_empty() {
+        return Err(CatalogError::InvalidConfig(format!(
+            "Null value not supported for topic configs: {}",
+            nulls.join(",")
+        )));
+    }
+    Ok(())
 }
 
 /// (partition count, replication factor) a CreateTopics entry asks for. Explicit assignments
@@ -371,6 +399,7 @@ pub async fn create_partitions(
                 Ok(())
             };
             match once
+                .and_then(|()| assignments_cover_the_new_partitions(shard, t))
                 .and_then(|()| known_brokers(shard, assigned))
                 .and_then(|()| {
                     shard
@@ -398,6 +427,27 @@ pub async fn create_partitions(
     )
     .await;
     CreatePartitionsResponse::default().with_results(results)
+}
+
+/// CreatePartitions with assignments must give one for each new partition, as Kafka's
+/// controller requires (kaas placed the partitions it had no assignment for anyway).
+fn assignments_cover_the_new_partitions(
+    shard: &Shard,
+    t: &kaas_wire::kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic,
+) -> Result<(), CatalogError> {
+    let catalog = shard.catalog.snapshot();
+    let (Some(assignments), Some(topic)) = (&t.assignments, catalog.get(&t.name)) else {
+        return Ok(());
+    };
+    let adding = i64::from(t.count) - i64::from(topic.partitions);
+    if adding > 0 && assignments.len() as i64 != adding {
+        return Err(CatalogError::InvalidReplicaAssignment(format!(
+            "Attempted to add {adding} additional partitions, but only {} assignments were \
+             given.",
+            assignments.len()
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Clone)]

@@ -115,6 +115,10 @@ fn describe_topic(
 ) -> Result<Vec<DescribeConfigsResourceResult>, (i16, String)> {
     let snapshot = shard.catalog.snapshot();
     let Some(t) = snapshot.get(topic) else {
+        // A name no topic can have is Kafka's INVALID_TOPIC_EXCEPTION, not "does not exist".
+        if let Err(e) = crate::catalog::validate_topic_name(topic) {
+            return Err((errors::catalog(&e), e.to_string()));
+        }
         return Err((
             errors::UNKNOWN_TOPIC_OR_PARTITION,
             format!("Topic '{topic}' does not exist."),
@@ -577,10 +581,11 @@ fn apply_group(
         return Err((errors::INVALID_GROUP_ID, "The group id is empty".into()));
     }
     let refuse = |e: CatalogError| (errors::catalog(&e), e.to_string());
-    for (k, v) in &configs {
-        crate::groups::config::validate_group_setting(k, v)
-            .map_err(|m| refuse(CatalogError::InvalidConfig(m)))?;
-    }
+    shard
+        .groups
+        .config
+        .validate_group_configs(&configs)
+        .map_err(|m| refuse(CatalogError::InvalidConfig(m)))?;
     if validate_only {
         return Ok(());
     }
@@ -745,6 +750,17 @@ fn apply_ops(
     ops: &[kaas_wire::kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig],
     current_of: impl Fn(&BTreeMap<String, String>, &str) -> String,
 ) -> Result<BTreeMap<String, String>, (i16, String)> {
+    let mut seen = std::collections::HashSet::new();
+    if let Some(twice) = ops.iter().find(|c| !seen.insert(c.name.as_str())) {
+        // Which operation would win is the client's mistake to fix; Kafka's answer.
+        return Err((
+            errors::INVALID_REQUEST,
+            format!(
+                "Error due to duplicate config keys: {} is named more than once",
+                twice.name.as_str()
+            ),
+        ));
+    }
     let mut configs = current.clone();
     for c in ops {
         let name = c.name.as_str().to_string();

@@ -356,6 +356,11 @@ pub(crate) fn resolve_topic(
     if let Some(t) = shard.catalog.snapshot().get(name) {
         return Ok(t.clone());
     }
+    if let Err(e) = crate::catalog::validate_topic_name(name) {
+        // A name no topic can have, as Kafka answers it (not "unknown": a client that retries
+        // UNKNOWN_TOPIC_OR_PARTITION would wait for a topic that can never exist).
+        return Err(errors::catalog(&e));
+    }
     if !(allow_create && shard.config.auto_create_topics) {
         return Err(errors::UNKNOWN_TOPIC_OR_PARTITION);
     }

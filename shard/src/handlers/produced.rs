@@ -11,6 +11,9 @@
 //! - On a compacted topic, a key on every record.
 //! - With CreateTime, every record's timestamp within the topic's window (Kafka checks each
 //!   record, not only the header's first and newest).
+//! - A topic whose `compression.type` names a codec (or `uncompressed`) stores every batch that
+//!   way: a batch the producer compressed otherwise is rebuilt, as Kafka's `LogValidator`
+//!   recompresses, and checked against `max.message.bytes` as stored.
 //! - The header's newest timestamp is the newest record's: ListOffsets by time, the time index
 //!   and time retention read it, so a producer that states it wrongly (or sets the
 //!   LogAppendTime bit on a CreateTime topic) has it corrected and the CRC sealed again, as
@@ -47,7 +50,8 @@ thread_local! {
 
 /// Checks `records` (whose batches `headers` describes, already verified) against the rules
 /// of its topic, at broker time `now_ms`. Returns the record set to store — `records` itself,
-/// or a copy with corrected newest timestamps — with its headers.
+/// or a copy recompressed for the topic's `compression.type` or with corrected newest
+/// timestamps — with its headers.
 ///
 /// # Errors
 /// A [`Refusal`]: nothing of the record set may be stored.
@@ -86,11 +90,54 @@ pub fn check(
             record_errors: walked.late,
         });
     }
+    let (records, headers) = match recompressed(&records, &headers, walked.recompressed) {
+        Some(set) => set,
+        None => (records, headers),
+    };
+    if let Some(h) = headers
+        .iter()
+        .find(|h| h.total_len() > rules.max_batch_bytes)
+    {
+        // Kafka checks the size of what it stores, after recompression.
+        return Err(Refusal {
+            code: errors::MESSAGE_TOO_LARGE,
+            message: format!(
+                "A batch of {} bytes as stored (compression.type of topic partition \
+                 {partition}) is larger than max.message.bytes ({})",
+                h.total_len(),
+                rules.max_batch_bytes
+            ),
+            record_errors: Vec::new(),
+        });
+    }
     if rules.log_append_time {
         // The append stamps the broker's time over the header anyway.
         return Ok((records, headers));
     }
     Ok(correct_newest(records, headers, &walked.newest))
+}
+
+/// The record set with the batches `converted` holds in place of the producer's (those the
+/// topic's `compression.type` recompressed), or `None` when none was.
+fn recompressed(
+    records: &[u8],
+    headers: &[BatchHeader],
+    converted: Vec<Option<Vec<u8>>>,
+) -> Option<(Bytes, Vec<BatchHeader>)> {
+    if converted.iter().all(Option::is_none) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(records.len());
+    let mut at = 0;
+    for (h, new) in headers.iter().zip(converted) {
+        match new {
+            Some(batch) => out.extend_from_slice(&batch),
+            None => out.extend_from_slice(&records[at..at + h.total_len()]),
+        }
+        at += h.total_len();
+    }
+    let headers = batch::verify_produced_record_set(&out).expect("recompressed batches verify");
+    Some((Bytes::from(out), headers))
 }
 
 /// Control and transactional batches, which no client of kaas may write.
@@ -122,6 +169,8 @@ struct Walked {
     first_late: Option<i64>,
     /// Each batch's newest record timestamp.
     newest: Vec<i64>,
+    /// Each batch rebuilt with the topic's `compression.type`, where it differs.
+    recompressed: Vec<Option<Vec<u8>>>,
 }
 
 fn walk(
@@ -136,6 +185,7 @@ fn walk(
         late: Vec::new(),
         first_late: None,
         newest: Vec::with_capacity(headers.len()),
+        recompressed: Vec::with_capacity(headers.len()),
     };
     let mut at = 0;
     let mut first_index = 0i32;
@@ -144,39 +194,42 @@ fn walk(
         at += h.total_len();
         let mut max_delta = i64::MIN;
         let walked = SCRATCH.with_borrow_mut(|scratch| {
-            let walked = kaas_storage::walk_produced_records(bytes, h, scratch, |r| {
-                let index = first_index.saturating_add(r.index);
-                max_delta = max_delta.max(r.timestamp_delta);
-                if r.key.is_none() {
-                    found.keyless.push(index);
-                }
-                let ts = h.base_timestamp.saturating_add(r.timestamp_delta);
-                if rules.create_time_window.is_some_and(|(before, after)| {
-                    ts != NO_TIMESTAMP
-                        && (now_ms.saturating_sub(ts) > before || ts.saturating_sub(now_ms) > after)
-                }) {
-                    found.first_late.get_or_insert(ts);
-                    found.late.push(index);
-                }
-            });
+            let walked =
+                kaas_storage::walk_produced_records(bytes, h, scratch, rules.compression, |r| {
+                    let index = first_index.saturating_add(r.index);
+                    max_delta = max_delta.max(r.timestamp_delta);
+                    if r.key.is_none() {
+                        found.keyless.push(index);
+                    }
+                    let ts = h.base_timestamp.saturating_add(r.timestamp_delta);
+                    if rules.create_time_window.is_some_and(|(before, after)| {
+                        ts != NO_TIMESTAMP
+                            && (now_ms.saturating_sub(ts) > before
+                                || ts.saturating_sub(now_ms) > after)
+                    }) {
+                        found.first_late.get_or_insert(ts);
+                        found.late.push(index);
+                    }
+                });
             if scratch.capacity() > KEEP_SCRATCH_BYTES {
                 *scratch = Vec::new();
             }
             walked
         });
-        if let Err(e) = walked {
+        let converted = walked.map_err(|e| {
             let index = match &e {
                 kaas_storage::ProducedRecordsError::Invalid(invalid) => {
                     first_index.saturating_add(invalid.index)
                 }
                 _ => first_index,
             };
-            return Err(Refusal {
+            Refusal {
                 code: errors::INVALID_RECORD,
                 message: format!("Invalid records in topic partition {partition}: {e}"),
                 record_errors: vec![index],
-            });
-        }
+            }
+        })?;
+        found.recompressed.push(converted);
         found
             .newest
             .push(h.base_timestamp.saturating_add(max_delta));
@@ -226,6 +279,7 @@ mod tests {
             keys_required: false,
             log_append_time: false,
             create_time_window: Some((i64::MAX, HOUR)),
+            compression: kaas_storage::StoredCompression::AsProduced,
         }
     }
 
@@ -411,5 +465,47 @@ mod tests {
         let (stored, headers) = run(&[flagged], &rules()).unwrap();
         assert!(!headers[0].is_log_append_time());
         assert_eq!(&stored[..], &right[..]);
+    }
+
+    /// A topic's `compression.type` is how its batches are stored: a plain batch is stored
+    /// compressed with the topic's codec, and a compressed one, back to `uncompressed`, is the
+    /// batch as first produced; `producer` keeps the request's bytes. Checked against
+    /// `max.message.bytes` as stored.
+    #[test]
+    fn a_topics_compression_type_is_how_batches_are_stored() {
+        use kaas_storage::{Codec, StoredCompression as S};
+        let value = vec![b'a'; 1000];
+        let records: Vec<kaas_wire::batch::RecordKv<'_>> = (0..20)
+            .map(|_| (Some(&b"k"[..]), Some(&value[..])))
+            .collect();
+        let plain = batch(NOW, &records);
+        let with = |compression| ProduceRules {
+            compression,
+            ..rules()
+        };
+        for codec in [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
+            let (stored, headers) =
+                run(std::slice::from_ref(&plain), &with(S::With(codec))).unwrap();
+            assert_eq!(headers[0].compression(), codec.attribute());
+            assert!(
+                stored.len() < plain.len() / 4,
+                "{codec:?}: {} bytes",
+                stored.len()
+            );
+            let (again, _) = run(&[stored.to_vec()], &with(S::With(codec))).unwrap();
+            assert_eq!(again, stored, "{codec:?}: already so, kept as it came");
+            let (back, _) = run(&[stored.to_vec()], &with(S::Uncompressed)).unwrap();
+            assert_eq!(&back[..], &plain[..], "{codec:?} back to uncompressed");
+            let (kept, _) = run(&[stored.to_vec()], &with(S::AsProduced)).unwrap();
+            assert_eq!(kept, stored);
+            let small = ProduceRules {
+                max_batch_bytes: stored.len() + 100,
+                ..with(S::Uncompressed)
+            };
+            assert_eq!(
+                run(&[stored.to_vec()], &small).unwrap_err().code,
+                errors::MESSAGE_TOO_LARGE
+            );
+        }
     }
 }

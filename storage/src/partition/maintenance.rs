@@ -5,9 +5,16 @@ use super::*;
 
 impl PartitionLog {
     /// Deletes sealed segments past `retention.ms` / `retention.bytes` (when the cleanup
-    /// policy includes `delete`) and moves the log start offset past them. The active segment
-    /// is never deleted. Returns how many segments were removed.
-    pub async fn enforce_retention(&self, now_ms: i64) -> Result<usize, StorageError> {
+    /// policy includes `delete`) and moves the log start offset past them. Returns how many
+    /// segments were removed.
+    ///
+    /// An active segment that is past retention itself, with every record in it below the
+    /// high watermark, is rolled first, as Kafka's `UnifiedLog` rolls it to delete it: it is
+    /// sealed, and deleted by this pass or (once its producer snapshot is stored, see
+    /// `removable`) the next. Otherwise the last segment of an idle topic outlived its
+    /// retention forever, and lowering `retention.ms` to empty a topic, a common operator's
+    /// step, deleted nothing of a topic written to less than once a segment.
+    pub async fn enforce_retention(self: &Rc<Self>, now_ms: i64) -> Result<usize, StorageError> {
         let cfg = self.config.borrow().clone();
         let retains = cfg.delete_enabled && (cfg.retention_ms >= 0 || cfg.retention_bytes >= 0);
         let below_start = {
@@ -22,6 +29,9 @@ impl PartitionLog {
             .acquire_permit(1)
             .await
             .map_err(|_| StorageError::Closed)?;
+        if retains && self.active_segment_retired(&cfg, now_ms) {
+            self.roll(0, true).await?;
+        }
         let (removed, manifest) = {
             let mut st = self.state.borrow_mut();
             let mut total: i64 = st.segments.iter().map(|s| s.size as i64).sum();
@@ -86,6 +96,21 @@ impl PartitionLog {
             removed.iter().map(|s| s.size).sum(),
         );
         Ok(removed.len())
+    }
+
+    /// Whether the active segment holds records, all below the high watermark, and is past
+    /// retention as a sealed one would be: its newest record older than `retention.ms`, or
+    /// `retention.bytes` 0 (the size rule keeps the newest segments that fit, and the active
+    /// one is the newest).
+    fn active_segment_retired(&self, cfg: &LogConfig, now_ms: i64) -> bool {
+        let st = self.state.borrow();
+        let active = st.segments.last().expect("active segment");
+        if active.size == 0 || self.high_watermark() < st.log_end_offset {
+            return false;
+        }
+        let newest = active.index.newest_timestamp().unwrap_or(i64::MIN);
+        (cfg.retention_ms >= 0 && newest < now_ms.saturating_sub(cfg.retention_ms))
+            || cfg.retention_bytes == 0
     }
 
     /// DeleteRecords: moves the log start offset up to `offset` (never down, never past the

@@ -196,7 +196,7 @@ pub struct PartitionLog {
     /// A background fill has been started and not finished.
     filling: Cell<bool>,
     /// The offset of the newest producer snapshot stored, so a background seal that finishes
-    /// late never replaces a newer snapshot (see `maybe_roll`).
+    /// late never replaces a newer snapshot (see `roll`).
     snapshot_stored: Cell<i64>,
     /// One seal (or the final snapshot of `close`) at a time, so snapshots land in order.
     seal_lock: Semaphore,

@@ -163,7 +163,7 @@ impl PartitionLog {
         // opening thousands of partitions take seconds. A raised epoch alone (a cluster
         // take-over raises it for every partition it opens) is only made visible, not synced;
         // the first append under it rolls to a segment named by it and stores the manifest
-        // durably then (see `maybe_roll`).
+        // durably then (see `roll`).
         if !had_manifest || log_start_offset != manifest.log_start_offset {
             Manifest {
                 leader_epoch: epoch,

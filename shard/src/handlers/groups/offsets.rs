@@ -124,7 +124,9 @@ pub(super) async fn commit_on_owner(
     let catalog = s.catalog.snapshot();
     for (ti, t) in req.topics.iter().enumerate() {
         let mut tc = Vec::with_capacity(t.partitions.len());
-        let partitions = catalog.get(t.name.as_str()).map_or(0, |m| m.partitions);
+        let (partitions, topic_id) = catalog
+            .get(t.name.as_str())
+            .map_or((0, uuid::Uuid::nil()), |m| (m.partitions, m.id));
         for (pi, p) in t.partitions.iter().enumerate() {
             // As Kafka: offsets are kept only for partitions that exist (a commit for a topic
             // nobody created would otherwise linger as an offset no consumer can use).
@@ -154,6 +156,7 @@ pub(super) async fn commit_on_owner(
                     leader_epoch: p.committed_leader_epoch,
                     metadata,
                     commit_timestamp_ms: now,
+                    topic_id,
                 },
             });
         }
@@ -403,13 +406,23 @@ pub(super) fn fetch_on_owner(s: &Rc<Shard>, want: FetchGroup) -> FetchedGroup {
     let empty = Default::default();
     let table_ref = group.as_ref().map(|g| g.offsets.borrow());
     let table = table_ref.as_deref().unwrap_or(&empty);
+    // Offsets of a deleted topic (or of the one before a topic of the same name) are not
+    // answered; the coordinator deletes them at its next tick.
+    let catalog = s.catalog.snapshot();
     let topics = match want.topics {
         None => table
             .iter()
+            .filter_map(|(t, ps)| {
+                let ps: Vec<_> = ps
+                    .iter()
+                    .filter(|(p, v)| v.is_current(t, **p, &catalog))
+                    .collect();
+                (!ps.is_empty()).then_some((t, ps))
+            })
             .map(|(t, ps)| {
                 (
                     t.clone(),
-                    ps.iter()
+                    ps.into_iter()
                         .map(|(p, v)| {
                             (
                                 *p,
@@ -429,15 +442,20 @@ pub(super) fn fetch_on_owner(s: &Rc<Shard>, want: FetchGroup) -> FetchedGroup {
                 let committed = table.get(&t);
                 let parts = ps
                     .into_iter()
-                    .map(|p| match committed.and_then(|c| c.get(&p)) {
-                        Some(v) => (
-                            p,
-                            v.offset,
-                            v.leader_epoch,
-                            v.metadata.clone(),
-                            errors::NONE,
-                        ),
-                        None => (p, -1, -1, String::new(), errors::NONE),
+                    .map(|p| {
+                        match committed
+                            .and_then(|c| c.get(&p))
+                            .filter(|v| v.is_current(&t, p, &catalog))
+                        {
+                            Some(v) => (
+                                p,
+                                v.offset,
+                                v.leader_epoch,
+                                v.metadata.clone(),
+                                errors::NONE,
+                            ),
+                            None => (p, -1, -1, String::new(), errors::NONE),
+                        }
                     })
                     .collect();
                 (t, parts)
