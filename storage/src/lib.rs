@@ -116,6 +116,8 @@ pub enum ProducedRecordsError {
     Corrupt(String),
     #[error("the records decompress to more than {limit} bytes")]
     TooLarge { limit: usize },
+    #[error("the records could not be recompressed for the topic's compression.type: {0}")]
+    Recompress(String),
     #[error(transparent)]
     Invalid(#[from] kaas_wire::records::InvalidRecords),
 }
@@ -160,7 +162,9 @@ pub fn walk_produced_records<'a>(
     each: impl FnMut(kaas_wire::records::RecordView<'a>),
 ) -> Result<Option<Vec<u8>>, ProducedRecordsError> {
     use codec::CodecError;
-    use kaas_wire::batch::{BATCH_HEADER_LEN, LOG_OVERHEAD};
+    use kaas_wire::batch::{
+        ATTRIBUTES_OFFSET, BATCH_HEADER_LEN, BATCH_LENGTH_OFFSET, LOG_OVERHEAD,
+    };
     let raw = &batch[BATCH_HEADER_LEN..header.total_len()];
     let body: &'a [u8] = match Codec::from_attributes(header.attributes)
         .map_err(|_| ProducedRecordsError::UnknownCodec(header.compression()))?
@@ -186,16 +190,16 @@ pub fn walk_produced_records<'a>(
     match stored {
         StoredCompression::With(codec) => codec
             .compress(body, &mut out)
-            .map_err(|e| ProducedRecordsError::Corrupt(format!("{e:?}")))?,
+            .map_err(|e| ProducedRecordsError::Recompress(format!("{e:?}")))?,
         _ => out.extend_from_slice(body),
     }
     let attributes = (header.attributes & !0x07) | attribute;
-    out[21..23].copy_from_slice(&attributes.to_be_bytes());
+    out[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2].copy_from_slice(&attributes.to_be_bytes());
     let len =
         i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| ProducedRecordsError::TooLarge {
             limit: i32::MAX as usize,
         })?;
-    out[8..12].copy_from_slice(&len.to_be_bytes());
+    out[BATCH_LENGTH_OFFSET..BATCH_LENGTH_OFFSET + 4].copy_from_slice(&len.to_be_bytes());
     kaas_wire::batch::seal_crc(&mut out);
     Ok(Some(out))
 }

@@ -666,10 +666,9 @@ impl GroupManager {
     /// belong to a topic of `catalog` (see [`CommittedOffset::is_current`]), as Kafka's
     /// coordinator drops a deleted topic's offsets: `kafka-consumer-groups --describe` then
     /// lists none for it, and a group left with nothing else can expire. (They are not
-    /// answered meanwhile either way.) Returns how many were deleted.
-    pub async fn forget_deleted_topics(&self, catalog: &crate::catalog::TopicTable) -> usize {
+    /// answered meanwhile either way.)
+    pub async fn forget_deleted_topics(&self, catalog: &crate::catalog::TopicTable) {
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
-        let mut forgotten = 0;
         for g in groups {
             let stale: Vec<OffsetRecord> = g
                 .offsets
@@ -690,7 +689,6 @@ impl GroupManager {
             let n = stale.len();
             match self.write_offsets(&g, stale).await {
                 Ok(()) => {
-                    forgotten += n;
                     tracing::info!(group = %g.id, offsets = n, "deleted the committed offsets of deleted topics");
                 }
                 // Moved or deleted meanwhile: whoever has it now does the same.
@@ -699,7 +697,6 @@ impl GroupManager {
                 }
             }
         }
-        forgotten
     }
 
     /// DeleteGroups: only an empty group can go; its offsets are removed from disk.
