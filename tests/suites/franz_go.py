@@ -161,7 +161,9 @@ def check_ratchet(run: SuiteRun, name: str) -> list[str]:
     problems = []
     for t, outcome in sorted(run.results.items()):
         if t in passing and outcome != "pass":
-            problems.append(f"{t}: expected to pass, {outcome}\n{run.tails.get(t, '')[-1500:]}")
+            # Each suite's runner bounds its excerpt and puts the lines that say why first;
+            # cutting it again here kept only its tail and lost them.
+            problems.append(f"{t}: expected to pass, {outcome}\n{run.tails.get(t, '')}")
         elif t not in passing and t not in excluded:
             problems.append(f"{t}: {outcome}, but listed neither as PASS nor UNSUPPORTED"
                             f" in expected-{name}.txt")
