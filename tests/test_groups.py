@@ -585,6 +585,54 @@ def test_follower_answered_by_a_slow_leader_keeps_its_membership(broker):
         assert heartbeat(a.member_id, generation) == none
 
 
+def test_a_static_leader_rejoining_below_v9_is_not_asked_to_assign(broker):
+    """A static leader that restarts and rejoins a stable group unchanged is not named leader
+    below JoinGroup v9 (which cannot say "skip the assignment"): the answer names its id from
+    before the rejoin and lists no members, as Kafka's does, and its SyncGroup gets the
+    assignment it had. kaas named it leader with the member list, so the client ran its
+    assignor for a group that hands nobody the result. At v9 it is named leader, with the
+    members and skip_assignment. Raw JoinGroup v5 and v9 through kafka-python's codec."""
+    from kafka.protocol.consumer import JoinGroupRequest, SyncGroupRequest
+
+    group = unique_topic("static-leader")
+    metadata = b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+
+    def join(version):
+        req = JoinGroupRequest[version]
+        fields = dict(group_id=group, session_timeout_ms=10_000, rebalance_timeout_ms=30_000,
+                      member_id="", group_instance_id="inst-1", protocol_type="consumer",
+                      protocols=[req.JoinGroupRequestProtocol(name="range", metadata=metadata)])
+        if version >= 8:
+            fields["reason"] = None
+        return kwire.send(broker, req(**fields))
+
+    def sync(member_id, generation, assignments=()):
+        return kwire.send(broker, SyncGroupRequest[3](
+            group_id=group, generation_id=generation, member_id=member_id,
+            group_instance_id="inst-1",
+            assignments=[SyncGroupRequest[3].SyncGroupRequestAssignment(
+                member_id=m, assignment=a) for m, a in assignments]))
+
+    first = join(5)
+    assert first.error_code == 0 and first.leader == first.member_id, first
+    assert sync(first.member_id, first.generation_id,
+                [(first.member_id, b"A")]).error_code == 0
+
+    again = join(5)
+    assert again.error_code == 0, again
+    assert again.generation_id == first.generation_id, "no rebalance"
+    assert again.member_id != first.member_id
+    assert again.leader == first.member_id, "named leader below v9"
+    assert again.members == [], "sent the member list below v9"
+    got = sync(again.member_id, again.generation_id)
+    assert (got.error_code, got.assignment) == (0, b"A"), got
+
+    at_v9 = join(9)
+    assert at_v9.error_code == 0 and at_v9.generation_id == first.generation_id, at_v9
+    assert at_v9.leader == at_v9.member_id and at_v9.skip_assignment
+    assert [m[0] for m in at_v9.members] == [at_v9.member_id]
+
+
 def test_static_member_replaced_without_rebalance(broker):
     """A second classic consumer with the same group.instance.id takes over the first one's
     partitions in the same generation (no rebalance), and the first is fenced

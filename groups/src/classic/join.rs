@@ -170,6 +170,7 @@ impl ClassicGroup {
         if let Some(i) = &args.instance_id {
             self.static_members.insert(i.clone(), new_id.clone());
         }
+        let previous_leader = self.leader.clone();
         if self.leader.as_deref() == Some(old_id.as_str()) {
             self.leader = Some(new_id.clone());
         }
@@ -180,9 +181,17 @@ impl ClassicGroup {
             ClassicState::Stable if !protocols_changed => {
                 // KIP-345: no rebalance for a static member that comes back unchanged.
                 let mut r = self.join_result_for(&new_id);
-                if self.leader.as_deref() == Some(new_id.as_str()) && args.supports_skip_assignment
-                {
-                    r.skip_assignment = true;
+                if args.supports_skip_assignment {
+                    // KIP-814: the leader gets the members, to know them, and is told not to
+                    // assign.
+                    r.skip_assignment = self.leader.as_deref() == Some(new_id.as_str());
+                } else {
+                    // Below JoinGroup v9 a leader cannot be told to skip its assignment, and
+                    // one made now would reach no other member of a stable group. As Kafka
+                    // does, the answer names the leader's id from before the rejoin and lists
+                    // no members, so the client takes itself for a follower.
+                    r.leader = previous_leader.unwrap_or_default();
+                    r.members.clear();
                 }
                 Reply::Now(r)
             }

@@ -288,29 +288,61 @@ fn protocol_selection() {
     assert_eq!(g.protocol_name.as_deref(), Some("range"));
 }
 
-// Static membership: a restarted instance takes over without a rebalance; the old id is
-// fenced.
-#[test]
-fn static_member_rejoin() {
-    let t0 = Instant::now();
+/// A stable group of one static member (instance `i-1`, the leader) that synced its
+/// assignment: the group, the member's join arguments and its member id.
+fn stable_static_group(t0: Instant) -> (ClassicGroup, JoinArgs, String) {
     let mut g = ClassicGroup::new("g", 0);
     let mut a = args("", &["range"]);
     a.instance_id = Some("i-1".into());
     let mut r = later(g.join(a.clone(), t0, MIN, MAX, &fresh_id));
-    let j = ready(&mut r).unwrap();
-    let old = j.member_id.clone();
+    let id = ready(&mut r).unwrap().member_id;
     let _ = g.sync(
         MemberRef {
-            member_id: &old,
+            member_id: &id,
             instance_id: Some("i-1"),
             generation: 1,
         },
         None,
         None,
-        vec![(old.clone(), Bytes::from_static(b"X"))],
+        vec![(id.clone(), Bytes::from_static(b"X"))],
         t0,
     );
     assert_eq!(g.state, ClassicState::Stable);
+    (g, a, id)
+}
+
+// A static leader that rejoins unchanged below JoinGroup v9 is not named leader: the answer
+// names its previous id and lists no members (Kafka's staticMemberRejoinWithLeaderIdAndUnknown
+// MemberId). kaas named it leader with the member list, so its client ran the assignor again
+// for a stable group that would not hand the result to anyone.
+#[test]
+fn static_leader_rejoin_below_v9_is_answered_as_a_follower() {
+    let t0 = Instant::now();
+    let (mut g, mut a, old) = stable_static_group(t0);
+    a.supports_skip_assignment = false;
+    let j = now_result(g.join(a.clone(), t0, MIN, MAX, &fresh_id));
+    assert_eq!(j.error, None);
+    assert_eq!(j.generation, 1, "no rebalance");
+    assert_eq!(j.leader, old, "the leader's id from before the rejoin");
+    assert_ne!(j.member_id, j.leader);
+    assert!(j.members.is_empty());
+    assert!(!j.skip_assignment);
+    // The group's leader is the new id all the same, and its sync gets the assignment.
+    assert_eq!(g.leader.as_deref(), Some(j.member_id.as_str()));
+    // A v9 rejoin of the leader is named leader, gets the members and skips assigning.
+    a.supports_skip_assignment = true;
+    let j9 = now_result(g.join(a, t0, MIN, MAX, &fresh_id));
+    assert_eq!(j9.leader, j9.member_id);
+    assert_eq!(j9.members.len(), 1);
+    assert!(j9.skip_assignment);
+}
+
+// Static membership: a restarted instance takes over without a rebalance; the old id is
+// fenced.
+#[test]
+fn static_member_rejoin() {
+    let t0 = Instant::now();
+    let (mut g, a, old) = stable_static_group(t0);
     let before = g.settled_key();
     let j2 = now_result(g.join(a, t0, MIN, MAX, &fresh_id));
     assert_eq!(j2.error, None);
