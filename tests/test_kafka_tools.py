@@ -333,16 +333,18 @@ def kafka_tool(*args, timeout=180):
 
 def test_kafka_transactions_describe_producers(broker, kafka_libs):
     """`kafka-transactions describe-producers` (DescribeProducers, refused as unsupported
-    before) lists the idempotent producer that wrote the partition, with the epoch and the
-    sequence of its last record; a partition nobody wrote lists none."""
+    before) lists the idempotent producer that wrote the partition, with the epoch, the
+    sequence of its last record and the timestamp of its last batch (it was -1, where Kafka
+    shows the timestamp); a partition nobody wrote lists none."""
     from confluent_kafka import Producer
 
     from kcheck import create_topic
     topic = unique_topic("producers")
     create_topic(broker.bootstrap, topic, 2)
     p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    base_ms = int(time.time() * 1000) - 60_000
     for i in range(50):
-        p.produce(topic, b"v%d" % i, partition=0)
+        p.produce(topic, b"v%d" % i, partition=0, timestamp=base_ms + i)
     assert p.flush(60) == 0
     r = kafka_tool("kafka-transactions", "--bootstrap-server", broker.bootstrap,
                    "describe-producers", "--topic", topic, "--partition", 0)
@@ -354,6 +356,7 @@ def test_kafka_transactions_describe_producers(broker, kafka_libs):
     row = dict(zip(header, rows[0]))
     assert int(row["ProducerId"]) >= 0 and row["ProducerEpoch"] == "0", row
     assert row["LastSequence"] == "49", row
+    assert row["LastTimestamp"] == str(base_ms + 49), row
     r = kafka_tool("kafka-transactions", "--bootstrap-server", broker.bootstrap,
                    "describe-producers", "--topic", topic, "--partition", 1)
     assert r.returncode == 0, r.stderr[-2000:]

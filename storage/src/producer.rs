@@ -20,10 +20,28 @@ struct WrittenBatch {
     last_offset: i64,
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<WrittenBatch>,
+    /// The newest timestamp of its last batch, as stored (the append time on a LogAppendTime
+    /// topic); -1 in snapshots from before it was kept, until the producer writes again.
+    #[serde(default = "no_timestamp")]
+    last_timestamp: i64,
+}
+
+fn no_timestamp() -> i64 {
+    -1
+}
+
+impl Default for ProducerEntry {
+    fn default() -> Self {
+        ProducerEntry {
+            epoch: 0,
+            batches: VecDeque::new(),
+            last_timestamp: no_timestamp(),
+        }
+    }
 }
 
 /// The result of checking a batch against the producer state.
@@ -55,6 +73,8 @@ pub struct ActiveProducer {
     pub epoch: i16,
     /// The sequence of the last record it wrote (-1: none remembered).
     pub last_sequence: i32,
+    /// The newest timestamp of the last batch it wrote, as stored (-1: not known).
+    pub last_timestamp: i64,
 }
 
 impl ProducerStateTable {
@@ -67,6 +87,7 @@ impl ProducerStateTable {
                 producer_id: *id,
                 epoch: e.epoch,
                 last_sequence: e.batches.back().map_or(-1, |b| b.last_sequence),
+                last_timestamp: e.last_timestamp,
             })
             .collect();
         out.sort_by_key(|p| p.producer_id);
@@ -127,8 +148,9 @@ impl ProducerStateTable {
         Ok(ProducerCheck::Write)
     }
 
-    /// Records that `h` was written with the given base offset.
-    pub fn record(&mut self, h: &BatchHeader, base_offset: i64) {
+    /// Records that `h` was written with the given base offset and stored with `max_timestamp`
+    /// as its newest timestamp (the append time on a LogAppendTime topic, else the header's).
+    pub fn record(&mut self, h: &BatchHeader, base_offset: i64, max_timestamp: i64) {
         if !h.has_producer_id() || h.base_sequence < 0 {
             return;
         }
@@ -137,6 +159,7 @@ impl ProducerStateTable {
             entry.epoch = h.producer_epoch;
             entry.batches.clear();
         }
+        entry.last_timestamp = max_timestamp;
         entry.batches.push_back(WrittenBatch {
             first_sequence: h.base_sequence,
             last_sequence: h.last_sequence(),
@@ -210,7 +233,7 @@ mod tests {
         for i in 0..7 {
             let h = header(1, 0, i * 2, 2);
             assert_eq!(t.check(&h).unwrap(), ProducerCheck::Write);
-            t.record(&h, off);
+            t.record(&h, off, h.max_timestamp);
             off += 2;
         }
         // seq 12..13 was written at offset 12; it is among the last five.
@@ -242,7 +265,7 @@ mod tests {
     fn epochs() {
         let mut t = ProducerStateTable::default();
         let h = header(9, 3, 0, 1);
-        t.record(&h, 0);
+        t.record(&h, 0, h.max_timestamp);
         assert!(matches!(
             t.check(&header(9, 2, 1, 1)),
             Err(StorageError::InvalidProducerEpoch { .. })
@@ -252,5 +275,23 @@ mod tests {
             Err(StorageError::OutOfOrderSequence { .. })
         ));
         assert_eq!(t.check(&header(9, 4, 0, 1)).unwrap(), ProducerCheck::Write);
+    }
+
+    // DescribeProducers reports the newest timestamp of a producer's last batch as stored; a
+    // snapshot written before it was kept loads with -1 (not known), and the field survives a
+    // snapshot round trip.
+    #[test]
+    fn last_timestamp_is_the_stored_one() {
+        let mut t = ProducerStateTable::default();
+        let h = header(4, 0, 0, 1);
+        t.record(&h, 0, 1_700_000_000_123);
+        assert_eq!(t.active()[0].last_timestamp, 1_700_000_000_123);
+        let again: ProducerStateTable =
+            serde_json::from_slice(&serde_json::to_vec(&t).unwrap()).unwrap();
+        assert_eq!(again.active()[0].last_timestamp, 1_700_000_000_123);
+        let old = br#"{"producers":{"4":{"epoch":0,"batches":[{"first_sequence":0,"last_sequence":0,"base_offset":0,"last_offset":0}]}}}"#;
+        let loaded: ProducerStateTable = serde_json::from_slice(old).unwrap();
+        assert_eq!(loaded.active()[0].last_timestamp, -1);
+        assert_eq!(loaded.active()[0].last_sequence, 0);
     }
 }

@@ -242,7 +242,7 @@ impl Segment {
                     leader_epoch: h.partition_leader_epoch,
                 });
                 if h.base_offset >= replay_from {
-                    producers.record(&h, h.base_offset);
+                    producers.record(&h, h.base_offset, h.max_timestamp);
                 }
                 next_offset = h.last_offset() + 1;
                 at += total;

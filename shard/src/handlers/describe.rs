@@ -65,14 +65,13 @@ pub async fn describe_producers(
                         Ok(ps) => r.with_active_producers(
                             ps.into_iter()
                                 .map(|p| {
-                                    // kaas keeps no per-producer timestamp and serves no
-                                    // transactions: those fields are -1, as Kafka reports
-                                    // them for a producer without.
+                                    // kaas serves no transactions: those fields are -1,
+                                    // as Kafka reports them for a producer without.
                                     ProducerState::default()
                                         .with_producer_id(ProducerId(p.producer_id))
                                         .with_producer_epoch(i32::from(p.epoch))
                                         .with_last_sequence(p.last_sequence)
-                                        .with_last_timestamp(-1)
+                                        .with_last_timestamp(p.last_timestamp)
                                         .with_coordinator_epoch(-1)
                                         .with_current_txn_start_offset(-1)
                                 })

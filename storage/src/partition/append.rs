@@ -146,7 +146,11 @@ impl PartitionLog {
         {
             let mut st = self.state.borrow_mut();
             for (h, e) in headers.iter().zip(&entries) {
-                st.producers.record(h, e.base_offset);
+                st.producers.record(
+                    h,
+                    e.base_offset,
+                    log_append_time_ms.unwrap_or(h.max_timestamp),
+                );
             }
             let seg = st.segments.last_mut().expect("active segment");
             seg.size += total as u64;
