@@ -244,6 +244,28 @@ def test_describe_cluster_and_topic_ids(broker):
     state["ids"] = (topic, str(d1.topic_id))
 
 
+def test_describe_cluster_refuses_endpoint_types_a_broker_does_not_serve(broker):
+    """DescribeCluster v1 for the controllers' endpoints (type 2) is MISMATCHED_ENDPOINT_TYPE
+    and an endpoint type that does not exist UNSUPPORTED_ENDPOINT_TYPE, as a Kafka broker
+    answers: kaas described its brokers whatever was asked, so an admin client asking for the
+    controllers took the brokers for them."""
+    from kafka.protocol.admin import DescribeClusterRequest as DC
+
+    def ask(endpoint_type):
+        return kwire.send(broker, DC[1](include_cluster_authorized_operations=False,
+                                         endpoint_type=endpoint_type))
+
+    brokers = ask(1)
+    assert brokers.error_code == 0 and brokers.brokers, brokers
+    controllers = ask(2)
+    assert (controllers.error_code, controllers.brokers) == (114, []), controllers
+    assert "CONTROLLER" in controllers.error_message
+    for unknown in (0, 5):
+        r = ask(unknown)
+        assert (r.error_code, r.brokers) == (115, []), r
+        assert f"type {unknown}" in r.error_message
+
+
 def test_authorized_operations_as_kafka_without_an_authorizer(broker):
     """Asked for, the authorized operations are what Kafka grants every client when it has no
     authorizer: every operation the resource type supports (librdkafka's 0081 compares them).

@@ -114,3 +114,7 @@ pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();
 pub const COORDINATOR_NOT_AVAILABLE: i16 = E::CoordinatorNotAvailable.code();
 pub const RESOURCE_NOT_FOUND: i16 = E::ResourceNotFound.code();
 pub const INVALID_REGULAR_EXPRESSION: i16 = E::InvalidRegularExpression.code();
+/// DescribeCluster v1+ for the controllers' endpoints (type 2), sent to a broker's.
+pub const MISMATCHED_ENDPOINT_TYPE: i16 = E::MismatchedEndpointType.code();
+/// DescribeCluster v1+ naming an endpoint type that does not exist.
+pub const UNSUPPORTED_ENDPOINT_TYPE: i16 = E::UnsupportedEndpointType.code();

@@ -230,7 +230,32 @@ fn leader_epoch(shard: &Shard, t: &TopicMeta, partition: i32, leader: i32) -> i3
     0
 }
 
+/// KIP-919's endpoint types: what a DescribeCluster v1+ asks to be described.
+const BROKER_ENDPOINTS: i8 = 1;
+const CONTROLLER_ENDPOINTS: i8 = 2;
+
 pub fn describe_cluster(shard: &Rc<Shard>, req: DescribeClusterRequest) -> DescribeClusterResponse {
+    // A kaas listener is a broker's (the controller has no endpoint of its own). Kafka's
+    // brokers refuse the other types, and an admin client that asked for controllers must
+    // not take the brokers for them (v0 has no field: it reads as brokers).
+    let refused = match req.endpoint_type {
+        BROKER_ENDPOINTS => None,
+        CONTROLLER_ENDPOINTS => Some((
+            errors::MISMATCHED_ENDPOINT_TYPE,
+            "The request was sent to an endpoint of type BROKER, but we wanted an endpoint of \
+             type CONTROLLER"
+                .to_string(),
+        )),
+        other => Some((
+            errors::UNSUPPORTED_ENDPOINT_TYPE,
+            format!("Unsupported endpoint type {other}"),
+        )),
+    };
+    if let Some((code, message)) = refused {
+        return DescribeClusterResponse::default()
+            .with_error_code(code)
+            .with_error_message(Some(s(&message)));
+    }
     let brokers = shard
         .cluster
         .brokers()
