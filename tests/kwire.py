@@ -336,6 +336,19 @@ def record_batch(records: list[tuple[bytes | None, bytes | None]], base_offset: 
     return struct.pack(">qi", base_offset, len(after_len)) + after_len
 
 
+def batch_sizes(records: bytes) -> list[int]:
+    """The sizes of the whole batches in a Fetch answer's records, in order (a trailing part
+    of a batch, which Kafka may send, is left out)."""
+    sizes, pos = [], 0
+    while len(records) - pos >= 12:
+        (length,) = struct.unpack_from(">i", records, pos + 8)
+        if pos + 12 + length > len(records):
+            break
+        sizes.append(12 + length)
+        pos += 12 + length
+    return sizes
+
+
 CRC_OFFSET = 8 + 4 + 4 + 1  # base offset, batch length, leader epoch, magic
 
 

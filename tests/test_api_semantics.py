@@ -617,6 +617,54 @@ def test_newest_metadata_and_fetch_versions(broker):
         assert fp.records and b"v4" in bytes(fp.records), (version, fp)
 
 
+def test_fetch_max_bytes_limits_the_answer_in_whole_batches(broker):
+    """A Fetch's max_bytes bounds the whole answer, as Kafka bounds it (KIP-74): the first
+    partition with data gets at least its first batch, however small the limit (0 included),
+    and nothing beyond the limit follows it; a second partition gets what fits of the rest.
+    kaas kept the first partition's whole read past the limit (max_bytes 500 answered three
+    batches of 391 bytes) and took 0 for no limit. Raw Fetch v12; kaas answers whole batches
+    where Kafka may end on part of one."""
+    from kafka.protocol.consumer import FetchRequest
+    topic = unique_topic("maxbytes")
+    create_topic(broker.bootstrap, topic, 2)
+    s = kwire.connect(broker)
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    try:  # three batches of three records in partition 0, one batch in partition 1
+        for i in range(3):
+            batch = kwire.record_batch([(None, b"a%d" % i * 100)] * 3)
+            assert kwire.produce(s, version, i, topic, 0, batch) == (0, 3 * i)
+        assert kwire.produce(s, version, 3, topic, 1, kwire.record_batch([(None, b"b" * 100)])) \
+            == (0, 0)
+    finally:
+        s.close()
+
+    def fetch(max_bytes):
+        f = kwire.send(broker, FetchRequest[12](
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=max_bytes, isolation_level=0,
+            session_id=0, session_epoch=-1,
+            topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
+                FetchRequest.FetchTopic.FetchPartition(
+                    partition=p, current_leader_epoch=-1, fetch_offset=0,
+                    last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20)
+                for p in (0, 1)])],
+            forgotten_topics_data=[], rack_id=""))
+        assert f.error_code == 0, f
+        return [bytes(p.records or b"") for p in f.responses[0].partitions]
+
+    whole = fetch(1 << 20)
+    first, rest = whole[0], whole[1]
+    sizes = kwire.batch_sizes(first)
+    assert len(sizes) == 3 and len(kwire.batch_sizes(rest)) == 1, (sizes, len(rest))
+    for limit in (0, 1, sizes[0] - 1, sizes[0], sizes[0] + 10):
+        p0, p1 = fetch(limit)
+        assert kwire.batch_sizes(p0) == sizes[:1], (limit, kwire.batch_sizes(p0))
+        assert p1 == b"", (limit, len(p1))
+    p0, p1 = fetch(sizes[0] + sizes[1] + 5)
+    assert kwire.batch_sizes(p0) == sizes[:2] and p1 == b""
+    p0, p1 = fetch(sum(sizes) + len(rest))
+    assert (p0, p1) == (first, rest)
+
+
 def test_an_incremental_fetch_names_no_session(broker):
     """kaas grants no fetch sessions (it answers session id 0), so a Fetch with a session epoch
     above 0 — an incremental fetch of a session it never granted — is answered

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kaas_wire::batch;
 use kaas_wire::fetch_frame::{FetchPartitionOut, FetchResponseOut, FetchTopicOut};
 use kaas_wire::kafka_protocol::messages::FetchRequest;
 
@@ -64,11 +65,8 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
     let started = Instant::now();
     let max_wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
     let min_bytes = req.min_bytes.max(0) as usize;
-    let max_bytes = if req.max_bytes <= 0 {
-        i32::MAX as usize
-    } else {
-        req.max_bytes as usize
-    };
+    // Taken as it is, as Kafka takes it: 0 is not "no limit" but one batch (KIP-74).
+    let max_bytes = req.max_bytes.max(0) as usize;
     // Partitions are read concurrently, so without a share each could read its whole
     // partition_max_bytes only for most of it to be dropped by max_bytes below: a 1,000-partition
     // fetch would read (and hold) up to 1 GB for a 50 MB answer. Each partition therefore reads
@@ -139,19 +137,21 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
         reads = read_all(shard, &wanted).await;
     }
 
-    // Enforce the response-wide max_bytes in request order; the first non-empty partition is
-    // always kept whole (KIP-74).
+    // Enforce the response-wide max_bytes in request order, in whole batches: the first
+    // partition with data always gets at least its first batch (KIP-74), and every partition
+    // after it what fits of the budget left. (A partition kept whole past the budget made a
+    // Fetch with max_bytes 500 answer three batches, 1,173 bytes.)
     let mut budget = max_bytes;
     let mut first = true;
     for (w, r) in wanted.iter().zip(reads) {
         let mut records = r.records;
+        if records.len() > budget {
+            let keep = batch::whole_batches_within(&records, budget, first);
+            records.truncate(keep);
+        }
         if !records.is_empty() {
-            if records.len() > budget && !first {
-                records = Bytes::new();
-            } else {
-                budget = budget.saturating_sub(records.len());
-                first = false;
-            }
+            budget = budget.saturating_sub(records.len());
+            first = false;
         }
         if let (false, Some(m)) = (records.is_empty(), &w.meta) {
             shard
