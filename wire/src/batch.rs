@@ -143,28 +143,6 @@ pub fn peek_header(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
     })
 }
 
-/// The length of the longest run of whole batches at the start of `records` (a log's bytes,
-/// batch after batch) that fits in `limit` bytes. With `at_least_one`, the first batch counts
-/// whatever its size (KIP-74: the first partition of a Fetch answer that has data always gets
-/// one batch, so a batch larger than the limit cannot stall its consumer); if `records` ends
-/// inside that batch, what there is of it counts. Bytes after the last whole batch that fits
-/// are never counted.
-pub fn whole_batches_within(records: &[u8], limit: usize, at_least_one: bool) -> usize {
-    let mut end = 0;
-    while records.len() - end >= LOG_OVERHEAD {
-        let length = i32_at(records, end + BATCH_LENGTH_OFFSET).max(0) as usize;
-        let next = end.saturating_add(LOG_OVERHEAD + length);
-        if end == 0 && at_least_one && (next > limit || next > records.len()) {
-            return next.min(records.len());
-        }
-        if next > limit || next > records.len() {
-            break;
-        }
-        end = next;
-    }
-    end
-}
-
 /// Reads and verifies the batch at the start of `bytes`: length, magic 2 and CRC-32C.
 /// This is the check recovery uses; it accepts compacted batches (gaps in offsets).
 pub fn verify_batch(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
@@ -337,53 +315,6 @@ pub fn build_batch(spec: BatchSpec, records: &[RecordKv<'_>]) -> Vec<u8> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    /// Batches of the given record counts, back to back, and where each one ends.
-    fn log_of(counts: &[usize]) -> (Vec<u8>, Vec<usize>) {
-        let mut log = Vec::new();
-        let mut ends = Vec::new();
-        for (i, n) in counts.iter().enumerate() {
-            let values: Vec<Vec<u8>> = (0..*n).map(|r| vec![b'x'; 10 + (i + r) % 7]).collect();
-            let recs: Vec<RecordKv> = values.iter().map(|v| (None, Some(&v[..]))).collect();
-            log.extend_from_slice(&build_batch(BatchSpec::default(), &recs));
-            ends.push(log.len());
-        }
-        (log, ends)
-    }
-
-    proptest! {
-        // The run ends on a batch boundary, fits the limit, and no longer run does; with
-        // at_least_one the first batch counts whatever its size.
-        #[test]
-        fn whole_batches_fit_the_limit(
-            counts in proptest::collection::vec(1usize..6, 0..6),
-            limit in 0usize..800,
-            at_least_one: bool,
-        ) {
-            let (log, ends) = log_of(&counts);
-            let got = whole_batches_within(&log, limit, at_least_one);
-            let fitting = ends.iter().copied().filter(|e| *e <= limit).max().unwrap_or(0);
-            let want = match ends.first() {
-                Some(&first) if at_least_one && first > limit => first,
-                _ => fitting,
-            };
-            prop_assert_eq!(got, want);
-        }
-    }
-
-    // A log cut inside its first batch keeps what there is of it only when one batch is owed.
-    #[test]
-    fn a_cut_first_batch() {
-        let (log, ends) = log_of(&[3, 2]);
-        let cut = &log[..ends[0] - 5];
-        assert_eq!(whole_batches_within(cut, 1 << 20, true), cut.len());
-        assert_eq!(whole_batches_within(cut, 1 << 20, false), 0);
-        assert_eq!(
-            whole_batches_within(&log[..ends[0] + 20], 1 << 20, false),
-            ends[0]
-        );
-        assert_eq!(whole_batches_within(&[], 10, true), 0);
-    }
 
     // A batch we build verifies, and its header reads back what we put in.
     #[test]

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kaas_wire::batch;
 use kaas_wire::fetch_frame::{FetchPartitionOut, FetchResponseOut, FetchTopicOut};
 use kaas_wire::kafka_protocol::messages::FetchRequest;
 
@@ -37,6 +36,7 @@ impl PartRead {
     }
 }
 
+#[derive(Clone)]
 struct Wanted {
     topic_index: usize,
     partition: i32,
@@ -146,8 +146,7 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
     for (w, r) in wanted.iter().zip(reads) {
         let mut records = r.records;
         if records.len() > budget {
-            let keep = batch::whole_batches_within(&records, budget, first);
-            records.truncate(keep);
+            records = within_budget(shard, w, budget, first).await;
         }
         if !records.is_empty() {
             budget = budget.saturating_sub(records.len());
@@ -181,6 +180,32 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
         topics: topics_out,
         ..Default::default()
     }
+}
+
+/// What of partition `w` fits in `limit` bytes, in whole batches: at least its first batch
+/// when `at_least_one` (KIP-74), else nothing if that batch alone is larger. It is read again
+/// with the smaller limit rather than cut here: the log finds the cut through its sparse index
+/// and reads the batch headers that takes off the shard's thread, where walking the bytes
+/// here would fault cold pages of history in on it. (At most the one partition that crosses
+/// the budget, and the first, are read twice.)
+async fn within_budget(shard: &Rc<Shard>, w: &Wanted, limit: usize, at_least_one: bool) -> Bytes {
+    if limit == 0 && !at_least_one {
+        return Bytes::new();
+    }
+    let again = Wanted {
+        max_bytes: limit,
+        ..w.clone()
+    };
+    let read = read_all(shard, std::slice::from_ref(&again)).await;
+    let records = read
+        .into_iter()
+        .next()
+        .map(|r| r.records)
+        .unwrap_or_default();
+    if records.len() > limit && !at_least_one {
+        return Bytes::new();
+    }
+    records
 }
 
 async fn read_all(shard: &Rc<Shard>, wanted: &[Wanted]) -> Vec<PartRead> {
