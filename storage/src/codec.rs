@@ -13,6 +13,44 @@
 
 use std::io::{Read, Write};
 
+/// A batch with the fields of `header` (a batch's first `BATCH_HEADER_LEN` bytes) around
+/// `parts`, the uncompressed bytes of its `record_count` records in order, stored with `codec`
+/// (`None`: uncompressed): the codec bits, length, record count and CRC are set to match.
+/// What compaction writes of a batch it filtered or emptied, and what a topic's
+/// `compression.type` makes of a produced batch.
+///
+/// # Errors
+/// [`CodecError`] when `codec` fails to compress the records.
+pub fn assemble_batch(
+    header: &[u8],
+    parts: &[&[u8]],
+    codec: Option<Codec>,
+    record_count: i32,
+) -> Result<Vec<u8>, CodecError> {
+    use kaas_wire::batch::{
+        seal_crc, ATTRIBUTES_OFFSET, BATCH_HEADER_LEN, BATCH_LENGTH_OFFSET, LOG_OVERHEAD,
+        RECORD_COUNT_OFFSET,
+    };
+    let body_len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = Vec::with_capacity(BATCH_HEADER_LEN + body_len);
+    out.extend_from_slice(&header[..BATCH_HEADER_LEN]);
+    match (codec, parts) {
+        (None, _) => parts.iter().for_each(|p| out.extend_from_slice(p)),
+        (Some(c), [one]) => c.compress(one, &mut out)?,
+        (Some(c), _) => c.compress(&parts.concat(), &mut out)?,
+    }
+    let at = |offset: usize, n: usize| offset..offset + n;
+    let attributes = i16::from_be_bytes([header[ATTRIBUTES_OFFSET], header[ATTRIBUTES_OFFSET + 1]]);
+    let attributes = (attributes & !0x07) | codec.map_or(0, Codec::attribute);
+    out[at(ATTRIBUTES_OFFSET, 2)].copy_from_slice(&attributes.to_be_bytes());
+    // Bounded well below i32::MAX: records come from a request or a segment, both bounded.
+    let length = (out.len() - LOG_OVERHEAD) as i32;
+    out[at(BATCH_LENGTH_OFFSET, 4)].copy_from_slice(&length.to_be_bytes());
+    out[at(RECORD_COUNT_OFFSET, 4)].copy_from_slice(&record_count.to_be_bytes());
+    seal_crc(&mut out);
+    Ok(out)
+}
+
 /// A compression codec of a magic-2 batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Codec {

@@ -12,10 +12,10 @@
 //! whole and its keys take no part (conservative: nothing it holds is dropped, and it makes
 //! nothing else obsolete).
 
-use kaas_wire::batch::{self, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD};
+use kaas_wire::batch::{self, BatchHeader, BATCH_HEADER_LEN};
 use kaas_wire::varint::read_varint;
 
-use crate::codec::Codec;
+use crate::codec::{assemble_batch, Codec};
 
 /// What the cleaning planner needs of one segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,32 +208,15 @@ pub fn filter_batch(
     if kept.is_empty() {
         return Kept::None;
     }
-    let body_len: usize = kept.iter().map(|r| r.bytes.len()).sum();
     let attributes = i16::from_be_bytes([batch_bytes[21], batch_bytes[22]]);
-    let mut out = Vec::with_capacity(BATCH_HEADER_LEN + body_len);
-    out.extend_from_slice(&batch_bytes[..BATCH_HEADER_LEN]);
-    match Codec::from_attributes(attributes) {
-        Ok(None) => {
-            for r in &kept {
-                out.extend_from_slice(r.bytes);
-            }
-        }
-        Ok(Some(codec)) => {
-            let mut raw = Vec::with_capacity(body_len);
-            for r in &kept {
-                raw.extend_from_slice(r.bytes);
-            }
-            if codec.compress(&raw, &mut out).is_err() {
-                return Kept::All;
-            }
-        }
-        Err(_) => return Kept::All,
+    let Ok(codec) = Codec::from_attributes(attributes) else {
+        return Kept::All;
+    };
+    let parts: Vec<&[u8]> = kept.iter().map(|r| r.bytes).collect();
+    match assemble_batch(batch_bytes, &parts, codec, kept.len() as i32) {
+        Ok(out) => Kept::Some(out),
+        Err(_) => Kept::All,
     }
-    let batch_length = (out.len() - LOG_OVERHEAD) as i32;
-    out[8..12].copy_from_slice(&batch_length.to_be_bytes());
-    out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
-    batch::seal_crc(&mut out);
-    Kept::Some(out)
 }
 
 /// The header of `batch_bytes` alone, with no records: what compaction leaves of a producer's
@@ -241,13 +224,7 @@ pub fn filter_batch(
 /// survive in the log (as Kafka's cleaner does). Offsets, timestamps and producer fields are
 /// kept; the codec bits are cleared, as there is nothing to decompress.
 pub fn empty_batch(batch_bytes: &[u8]) -> Vec<u8> {
-    let mut out = batch_bytes[..BATCH_HEADER_LEN].to_vec();
-    let attributes = i16::from_be_bytes([out[21], out[22]]) & !0x07;
-    out[21..23].copy_from_slice(&attributes.to_be_bytes());
-    out[8..12].copy_from_slice(&((BATCH_HEADER_LEN - LOG_OVERHEAD) as i32).to_be_bytes());
-    out[57..61].copy_from_slice(&0i32.to_be_bytes());
-    batch::seal_crc(&mut out);
-    out
+    assemble_batch(batch_bytes, &[], None, 0).expect("nothing to compress")
 }
 
 #[cfg(test)]
@@ -335,14 +312,8 @@ mod tests {
             },
             &[(Some(b"x"), Some(b"1")), (Some(b"y"), Some(b"2"))],
         );
-        let mut b = plain[..BATCH_HEADER_LEN].to_vec();
-        Codec::Zstd
-            .compress(&plain[BATCH_HEADER_LEN..], &mut b)
-            .unwrap();
-        b[21..23].copy_from_slice(&4i16.to_be_bytes());
-        let len = (b.len() - LOG_OVERHEAD) as i32;
-        b[8..12].copy_from_slice(&len.to_be_bytes());
-        batch::seal_crc(&mut b);
+        let b =
+            assemble_batch(&plain, &[&plain[BATCH_HEADER_LEN..]], Some(Codec::Zstd), 2).unwrap();
         assert!(
             records(&b).is_none(),
             "records() reads uncompressed batches only"

@@ -134,12 +134,13 @@ pub enum StoredCompression {
 }
 
 impl StoredCompression {
-    /// The codec bits a stored batch has under this setting, `None` for "as produced".
-    fn attribute(self) -> Option<i16> {
+    /// The codec a stored batch has under this setting (`Some(None)`: uncompressed), `None`
+    /// for "as produced".
+    fn codec(self) -> Option<Option<Codec>> {
         match self {
             StoredCompression::AsProduced => None,
-            StoredCompression::Uncompressed => Some(0),
-            StoredCompression::With(codec) => Some(codec.attribute()),
+            StoredCompression::Uncompressed => Some(None),
+            StoredCompression::With(codec) => Some(Some(codec)),
         }
     }
 }
@@ -162,13 +163,11 @@ pub fn walk_produced_records<'a>(
     each: impl FnMut(kaas_wire::records::RecordView<'a>),
 ) -> Result<Option<Vec<u8>>, ProducedRecordsError> {
     use codec::CodecError;
-    use kaas_wire::batch::{
-        ATTRIBUTES_OFFSET, BATCH_HEADER_LEN, BATCH_LENGTH_OFFSET, LOG_OVERHEAD,
-    };
+    use kaas_wire::batch::BATCH_HEADER_LEN;
     let raw = &batch[BATCH_HEADER_LEN..header.total_len()];
-    let body: &'a [u8] = match Codec::from_attributes(header.attributes)
-        .map_err(|_| ProducedRecordsError::UnknownCodec(header.compression()))?
-    {
+    let produced = Codec::from_attributes(header.attributes)
+        .map_err(|_| ProducedRecordsError::UnknownCodec(header.compression()))?;
+    let body: &'a [u8] = match produced {
         None => raw,
         Some(codec) => {
             codec
@@ -182,26 +181,12 @@ pub fn walk_produced_records<'a>(
         }
     };
     kaas_wire::records::for_each_record(body, header.record_count, each)?;
-    let Some(attribute) = stored.attribute().filter(|&a| a != header.compression()) else {
+    let Some(codec) = stored.codec().filter(|&c| c != produced) else {
         return Ok(None);
     };
-    let mut out = Vec::with_capacity(BATCH_HEADER_LEN + body.len());
-    out.extend_from_slice(&batch[..BATCH_HEADER_LEN]);
-    match stored {
-        StoredCompression::With(codec) => codec
-            .compress(body, &mut out)
-            .map_err(|e| ProducedRecordsError::Recompress(format!("{e:?}")))?,
-        _ => out.extend_from_slice(body),
-    }
-    let attributes = (header.attributes & !0x07) | attribute;
-    out[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2].copy_from_slice(&attributes.to_be_bytes());
-    let len =
-        i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| ProducedRecordsError::TooLarge {
-            limit: i32::MAX as usize,
-        })?;
-    out[BATCH_LENGTH_OFFSET..BATCH_LENGTH_OFFSET + 4].copy_from_slice(&len.to_be_bytes());
-    kaas_wire::batch::seal_crc(&mut out);
-    Ok(Some(out))
+    codec::assemble_batch(batch, &[body], codec, header.record_count)
+        .map(Some)
+        .map_err(|e| ProducedRecordsError::Recompress(format!("{e:?}")))
 }
 
 /// (offset, key as UTF-8) of each record of a data batch (decompressed if it is compressed),
