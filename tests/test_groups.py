@@ -850,6 +850,194 @@ def test_java_group(broker, java_classes, protocol):
           f"takeover after a leave {stable['STABLE2']} ms")
 
 
+@pytest.mark.parametrize("classic", ["classic", "classic-cooperative"])
+def test_a_rolling_switch_of_group_protocol_keeps_the_group_consuming(broker, classic):
+    """Kafka's online migration (group.consumer.migration.policy=bidirectional, its default):
+    a live group of classic librdkafka members is switched to group.protocol=consumer one
+    member at a time, and back. The first consumer-protocol member turns the group into a
+    consumer group in which the classic members stay and keep their partitions; when the last
+    consumer-protocol member leaves, the group is classic again. Records are produced at every
+    step; every one is consumed by some member (nothing skipped across either switch), and no
+    partition is ever assigned to two members at once."""
+    from confluent_kafka.admin import AdminClient
+    topic, group = unique_topic("mig"), unique_topic("mig-group")
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    members: dict[str, object] = {}
+    consumed: dict[tuple[int, int], bytes] = {}
+    produced: list[bytes] = []
+    overlaps: list[str] = []
+
+    def start(name: str, protocol: str) -> None:
+        c = rd_consumer(broker.bootstrap, group, protocol, **{
+            "enable.auto.commit": True, "auto.commit.interval.ms": 300})
+        c.subscribe([topic])
+        members[name] = c
+
+    def poll_all() -> None:
+        for c in list(members.values()):
+            m = c.poll(0.05)
+            if m is not None and not m.error():
+                consumed[(m.partition(), m.offset())] = m.value()
+        owners: dict[int, str] = {}
+        for name, c in members.items():
+            for tp in c.assignment():
+                if tp.partition in owners:
+                    overlaps.append(f"p{tp.partition}: {owners[tp.partition]} and {name}")
+                owners[tp.partition] = name
+
+    def produce(step: str) -> None:
+        batch = values(f"{step}", 120, start=len(produced))
+        rdkafka_produce(broker.bootstrap, topic, batch)
+        produced.extend(v for _, v in batch)
+
+    def listing():
+        for g in admin.list_consumer_groups(request_timeout=10).result().valid:
+            if g.group_id == group:
+                return g
+        return None
+
+    def settled(kind: str, n: int) -> bool:
+        g = listing()
+        if g is None or g.type.name.lower() != kind:
+            return False
+        d = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        owned = [{tp.partition for tp in m.assignment.topic_partitions} for m in d.members]
+        return len(d.members) == n and covers(owned, PARTITIONS)
+
+    def stop(name: str) -> None:
+        members.pop(name).close()
+
+    def everything_consumed() -> bool:
+        return set(produced) <= set(consumed.values())
+
+    try:
+        start("c0", classic)
+        start("c1", classic)
+        produce("classic")
+        wait_until(lambda: settled("classic", 2), 60, "two classic members", step=poll_all)
+        # Switch: a consumer-protocol member joins the classic group.
+        start("k0", "consumer")
+        produce("upgrade")
+        wait_until(lambda: settled("consumer", 3), 60, "the upgraded group with all three",
+                   step=poll_all)
+        stop("c0")
+        start("k1", "consumer")
+        produce("rolling")
+        stop("c1")
+        wait_until(lambda: settled("consumer", 2), 60, "two consumer-protocol members",
+                   step=poll_all)
+        wait_until(everything_consumed, 60, "every record after the upgrade", step=poll_all)
+        # And back: a classic member joins the consumer group, the consumer members leave.
+        start("c2", classic)
+        produce("mixed")
+        wait_until(lambda: settled("consumer", 3), 60, "a classic member in the consumer group",
+                   step=poll_all)
+        stop("k0")
+        produce("downgrade")
+        stop("k1")
+        wait_until(lambda: settled("classic", 1), 60, "the downgraded classic group",
+                   step=poll_all)
+        produce("classic-again")
+        wait_until(everything_consumed, 60, "every record after the downgrade", step=poll_all)
+    finally:
+        for c in members.values():
+            c.close()
+    missing = set(produced) - set(consumed.values())
+    assert not missing, f"{len(missing)} records never consumed, e.g. {sorted(missing)[:5]}"
+    assert not overlaps, f"partitions assigned to two members at once: {overlaps[:5]}"
+
+
+def test_java_members_switch_group_protocol_both_ways(broker, java_classes, tmp_path):
+    """The same rolling switch with the Java client 4.x as separate processes (its defaults:
+    range then cooperative-sticky for classic members, auto commit, SIGTERM closes and
+    leaves): two classic members, then consumer-protocol members replace them one at a time,
+    then a classic member replaces those. Every record produced at every step is consumed, and
+    each settled group splits the partitions disjointly."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    topic, group = unique_topic("jmig"), unique_topic("jmig-group")
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    # Offset 0 committed first: a member finding no offset would start at the end (Java's
+    # auto.offset.reset=latest) and miss what was produced before it was assigned.
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, p, 0) for p in range(PARTITIONS)], asynchronous=False)
+    c.close()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    procs: dict[str, subprocess.Popen] = {}
+    outs: list = []
+    produced: list[bytes] = []
+
+    def start(name: str, protocol: str) -> None:
+        out = tmp_path / f"{name}.txt"
+        outs.append(out)
+        err = open(tmp_path / f"{name}.err", "ab")
+        procs[name] = subprocess.Popen(
+            ["java", "-Xmx256m", "-XX:+UseSerialGC", "-cp", java_classes, "KaasClientCheck",
+             "member", broker.bootstrap, group, topic, str(out), protocol],
+            stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+        err.close()
+
+    def stop(name: str) -> None:
+        p = procs.pop(name)
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+
+    def consumed() -> set[bytes]:
+        got = set()
+        for f in outs:
+            if f.exists():
+                got.update(line.split(" ", 2)[2].encode()
+                           for line in f.read_text().splitlines() if line.count(" ") >= 2)
+        return got
+
+    def produce(step: str) -> None:
+        batch = values(step, 120, start=len(produced))
+        rdkafka_produce(broker.bootstrap, topic, batch)
+        produced.extend(v for _, v in batch)
+
+    def settled(kind: str, n: int) -> bool:
+        listed = [g for g in admin.list_consumer_groups(request_timeout=10).result().valid
+                  if g.group_id == group]
+        if not listed or listed[0].type.name.lower() != kind:
+            return False
+        d = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        owned = [{tp.partition for tp in m.assignment.topic_partitions} for m in d.members]
+        return len(d.members) == n and covers(owned, PARTITIONS)
+
+    def all_consumed() -> bool:
+        return set(produced) <= consumed()
+
+    try:
+        start("classic-0", "classic")
+        start("classic-1", "classic")
+        produce("classic")
+        wait_until(lambda: settled("classic", 2), 90, "two classic members", interval=0.5)
+        start("consumer-0", "consumer")
+        produce("upgrade")
+        wait_until(lambda: settled("consumer", 3), 90, "the upgraded group", interval=0.5)
+        stop("classic-0")
+        start("consumer-1", "consumer")
+        stop("classic-1")
+        produce("rolling")
+        wait_until(lambda: settled("consumer", 2), 90, "two consumer members", interval=0.5)
+        wait_until(all_consumed, 90, "every record after the upgrade", interval=0.5)
+        start("classic-2", "classic")
+        wait_until(lambda: settled("consumer", 3), 90, "a classic member in the consumer group",
+                   interval=0.5)
+        stop("consumer-0")
+        produce("downgrade")
+        stop("consumer-1")
+        wait_until(lambda: settled("classic", 1), 90, "the downgraded group", interval=0.5)
+        produce("classic-again")
+        wait_until(all_consumed, 90, "every record after the downgrade", interval=0.5)
+    finally:
+        for name in list(procs):
+            stop(name)
+    missing = set(produced) - consumed()
+    assert not missing, f"{len(missing)} records never consumed, e.g. {sorted(missing)[:5]}"
+
+
 # -- durability ----------------------------------------------------------------------------------
 
 

@@ -571,6 +571,14 @@ impl ClassicGroup {
         }
     }
 
+    /// A group just downgraded from a KIP-848 group ([`ClassicGroup::downgraded`]) rebalances
+    /// at once: its members were assigned by the coordinator, and now need a leader.
+    pub(crate) fn settle_downgraded(&mut self, now: Instant) {
+        if self.state == ClassicState::Stable {
+            self.prepare_rebalance(now);
+        }
+    }
+
     /// The coordinator gives the group up (cluster mode: another broker coordinates it now).
     /// Every JoinGroup and SyncGroup still waiting is answered with `error` (NOT_COORDINATOR),
     /// as Kafka answers them when it unloads a group: the members find the new coordinator at

@@ -21,11 +21,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use uuid::Uuid;
 
 use crate::assignor::{GroupAssignment, MemberSpec, TopicSpec};
 use crate::GroupError;
 
+mod classic_members;
 mod target;
 
 /// Topic id -> partitions.
@@ -66,6 +68,54 @@ pub struct ConsumerMember {
     assigned_at: HashMap<(Uuid, i32), i32>,
     session_deadline: Instant,
     revocation_deadline: Option<Instant>,
+    /// Set for a member that speaks the classic protocol (JoinGroup, SyncGroup, Heartbeat)
+    /// in this group: one that was in the classic group this group was upgraded from, or that
+    /// joined since with JoinGroup ([`ConsumerGroup::classic_join`]).
+    pub classic: Option<ClassicMeta>,
+}
+
+impl ConsumerMember {
+    /// A member that just joined: epoch 0, nothing assigned, its session starting now.
+    fn new(
+        member_id: &str,
+        instance_id: Option<String>,
+        rebalance_timeout_ms: i32,
+        session_deadline: Instant,
+    ) -> ConsumerMember {
+        ConsumerMember {
+            member_id: member_id.to_string(),
+            instance_id,
+            rack_id: None,
+            client_id: String::new(),
+            client_host: String::new(),
+            rebalance_timeout_ms,
+            server_assignor: None,
+            subscribed_names: BTreeSet::new(),
+            subscribed_regex: None,
+            state: MemberState::Stable,
+            member_epoch: 0,
+            previous_member_epoch: 0,
+            assigned: Assignment::new(),
+            pending_revocation: Assignment::new(),
+            assigned_at: HashMap::new(),
+            session_deadline,
+            revocation_deadline: None,
+            classic: None,
+        }
+    }
+}
+
+/// What a classic member brings that a KIP-848 member does not.
+#[derive(Debug, Clone)]
+pub struct ClassicMeta {
+    pub session_timeout_ms: i32,
+    /// (name, metadata) in the member's order of preference. It is told the first (Kafka
+    /// does the same), and its Assignment is written in that metadata's version.
+    pub protocols: Vec<(String, Bytes)>,
+    /// After a JoinGroup answer: the SyncGroup must come by then (the rebalance timeout).
+    sync_deadline: Option<Instant>,
+    /// After a heartbeat answered REBALANCE_IN_PROGRESS: the JoinGroup must come by then.
+    join_deadline: Option<Instant>,
 }
 
 /// A ConsumerGroupHeartbeat as the state machine sees it (`None` = field not sent).
@@ -223,6 +273,9 @@ pub struct ConsumerGroup {
     static_members: HashMap<String, String>,
     /// The assignor of the last target computation (ConsumerGroupDescribe).
     pub assignor_name: String,
+    /// A member using the consumer protocol was removed and only classic members are left:
+    /// the group goes back to being a classic group ([`ConsumerGroup::downgrade`]).
+    downgrade_due: bool,
 }
 
 impl ConsumerGroup {
@@ -240,6 +293,7 @@ impl ConsumerGroup {
             resolved_for: None,
             static_members: HashMap::new(),
             assignor_name: String::new(),
+            downgrade_due: false,
         }
     }
 
@@ -311,6 +365,11 @@ impl ConsumerGroup {
         }
         self.set_member_ownership(member_id, Assignment::new(), Assignment::new());
         if let Some(m) = self.members.remove(member_id) {
+            // Kafka's online downgrade: the last member using the consumer protocol is gone
+            // and classic members remain (Kafka's `validateOnlineDowngradeWithFencedMember`).
+            self.downgrade_due |= m.classic.is_none()
+                && !self.members.is_empty()
+                && self.members.values().all(|x| x.classic.is_some());
             if let Some(i) = &m.instance_id {
                 if self.static_members.get(i).map(String::as_str) == Some(member_id) {
                     self.static_members.remove(i);
@@ -348,8 +407,12 @@ impl ConsumerGroup {
             if let Some(instance) = &args.instance_id {
                 if let Some(old_id) = self.static_members.get(instance).cloned() {
                     if old_id != member_id {
-                        let old_epoch = self.members.get(&old_id).map(|m| m.member_epoch);
-                        if old_epoch.is_some_and(|e| e != LEAVE_GROUP_STATIC_MEMBER_EPOCH) {
+                        // A classic instance is replaced at once: that is how a static
+                        // member moves to the consumer protocol (Kafka does the same).
+                        let unreleased = self.members.get(&old_id).is_some_and(|m| {
+                            m.classic.is_none() && m.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH
+                        });
+                        if unreleased {
                             return Err(GroupError::UnreleasedInstanceId(format!(
                                 "Static member {member_id} with instance id {instance} cannot join the group because the instance id is owned by {old_id} member."
                             )));
@@ -376,25 +439,12 @@ impl ConsumerGroup {
                 None => {
                     self.members.insert(
                         member_id.clone(),
-                        ConsumerMember {
-                            member_id: member_id.clone(),
-                            instance_id: args.instance_id.clone(),
-                            rack_id: None,
-                            client_id: String::new(),
-                            client_host: String::new(),
-                            rebalance_timeout_ms: args.rebalance_timeout_ms,
-                            server_assignor: None,
-                            subscribed_names: BTreeSet::new(),
-                            subscribed_regex: None,
-                            state: MemberState::Stable,
-                            member_epoch: 0,
-                            previous_member_epoch: 0,
-                            assigned: Assignment::new(),
-                            pending_revocation: Assignment::new(),
-                            assigned_at: HashMap::new(),
-                            session_deadline: env.now + session,
-                            revocation_deadline: None,
-                        },
+                        ConsumerMember::new(
+                            &member_id,
+                            args.instance_id.clone(),
+                            args.rebalance_timeout_ms,
+                            env.now + session,
+                        ),
                     );
                     bump = true;
                 }
@@ -428,6 +478,8 @@ impl ConsumerGroup {
         {
             let m = self.members.get_mut(&member_id).expect("found or created");
             m.session_deadline = env.now + session;
+            // It speaks the consumer protocol now (a classic static member replaced by it).
+            m.classic = None;
             m.client_id = args.client_id.clone();
             m.client_host = args.client_host.clone();
             if let Some(i) = &args.instance_id {
@@ -459,23 +511,7 @@ impl ConsumerGroup {
         }
 
         // 3. Topics matter too: a subscribed topic created, deleted or grown bumps the epoch.
-        self.refresh_regexes(env.topics);
-        let metadata = self.compute_subscription_metadata(&**env.topics);
-        if metadata != self.subscription_metadata {
-            self.subscription_metadata = metadata;
-            bump = true;
-        }
-        let racks = self.compute_partition_racks(env);
-        if racks != self.partition_racks {
-            self.partition_racks = racks;
-            bump = true;
-        }
-        if bump {
-            self.group_epoch += 1;
-        }
-        if self.group_epoch > self.assignment_epoch {
-            self.compute_target(env);
-        }
+        self.bump_and_assign(bump, env);
 
         // 4. Reconcile this member toward its target.
         self.reconcile(&member_id, args.owned.as_deref(), env.now);
@@ -498,6 +534,29 @@ impl ConsumerGroup {
             member_epoch: m.member_epoch,
             assignment,
         })
+    }
+
+    /// Bumps the group epoch when `bump` says a member's subscription changed or when the
+    /// subscribed topics did (created, deleted, grown, or a leader's rack moved), and computes
+    /// the target for the new epoch.
+    fn bump_and_assign(&mut self, mut bump: bool, env: &HeartbeatEnv<'_>) {
+        self.refresh_regexes(env.topics);
+        let metadata = self.compute_subscription_metadata(&**env.topics);
+        if metadata != self.subscription_metadata {
+            self.subscription_metadata = metadata;
+            bump = true;
+        }
+        let racks = self.compute_partition_racks(env);
+        if racks != self.partition_racks {
+            self.partition_racks = racks;
+            bump = true;
+        }
+        if bump {
+            self.group_epoch += 1;
+        }
+        if self.group_epoch > self.assignment_epoch {
+            self.compute_target(env);
+        }
     }
 
     /// A static member came back under a new member id: it inherits the old one's partitions.
@@ -642,7 +701,9 @@ impl ConsumerGroup {
                 m.assigned_at.entry((*t, *p)).or_insert(new_epoch);
             }
         }
-        if state == MemberState::UnrevokedPartitions {
+        // A classic member has no revocation deadline: it revokes by rejoining, and its
+        // JoinGroup and SyncGroup deadlines bound that (as in Kafka).
+        if state == MemberState::UnrevokedPartitions && m.classic.is_none() {
             if m.state != MemberState::UnrevokedPartitions || m.revocation_deadline.is_none() {
                 m.revocation_deadline = Some(now + rebalance_timeout);
             }
@@ -652,14 +713,22 @@ impl ConsumerGroup {
         m.state = state;
     }
 
-    /// Expired sessions and members that did not revoke within their rebalance timeout are
-    /// removed. Returns the members removed, for the caller to log (nothing here logs).
+    /// Expired sessions, members that did not revoke within their rebalance timeout, and
+    /// classic members that did not sync after a JoinGroup answer or rejoin after being told to
+    /// (each within its rebalance timeout) are removed. Returns the members removed, for the
+    /// caller to log (nothing here logs).
     pub fn tick(&mut self, now: Instant) -> Vec<String> {
         let gone: Vec<String> = self
             .members
             .values()
             .filter(|m| {
-                now >= m.session_deadline || m.revocation_deadline.is_some_and(|d| now >= d)
+                let classic_late = m.classic.as_ref().is_some_and(|c| {
+                    c.sync_deadline.is_some_and(|d| now >= d)
+                        || c.join_deadline.is_some_and(|d| now >= d)
+                });
+                now >= m.session_deadline
+                    || m.revocation_deadline.is_some_and(|d| now >= d)
+                    || classic_late
             })
             .map(|m| m.member_id.clone())
             .collect();
@@ -691,6 +760,11 @@ impl ConsumerGroup {
                 self.group_id
             )));
         };
+        if m.classic.is_some() {
+            // A classic member commits with its generation, which is its member epoch here;
+            // any other is ILLEGAL_GENERATION, which a classic client rejoins on.
+            return classic_members::check_generation(m, member_epoch);
+        }
         if version < 9 {
             return Err(GroupError::UnsupportedVersion(
                 "OffsetCommit version 9 or above must be used by members using the consumer group protocol".into(),
@@ -718,6 +792,9 @@ impl ConsumerGroup {
                 self.group_id
             )));
         };
+        if m.classic.is_some() {
+            return classic_members::check_generation(m, member_epoch);
+        }
         check_commit_epoch(m, member_epoch)
     }
 }

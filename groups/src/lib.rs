@@ -5,7 +5,9 @@
 //! the KIP-848 protocol ([`consumer`]: ConsumerGroupHeartbeat, reconciliation revoke before
 //! assign, the target assignment), the assignors that compute a KIP-848 target ([`assignor`]:
 //! `uniform`, `range`, `rack-aware`), which of the two protocols a group speaks and the
-//! OffsetCommit / OffsetFetch checks on its members ([`GroupKind`]), the coordinator's settings
+//! OffsetCommit / OffsetFetch checks on its members ([`GroupKind`]), online migration between
+//! the two with classic members in a KIP-848 group (`consumer::classic_members`), the embedded
+//! `consumer` protocol those members speak ([`consumer_protocol`]), the coordinator's settings
 //! ([`config`]) and its errors ([`error`]).
 //!
 //! Runs on the shard that owns the group: `kaas_shard::groups::GroupManager`, one per shard
@@ -31,6 +33,7 @@ pub mod assignor;
 pub mod classic;
 pub mod config;
 pub mod consumer;
+pub mod consumer_protocol;
 pub mod error;
 mod kind;
 

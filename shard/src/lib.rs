@@ -435,9 +435,9 @@ async fn run_group_coordinator(shard: Rc<Shard>) {
         let catalog = shard.catalog.snapshot();
         if !checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, &catalog)) {
             shard.groups.forget_deleted_topics(&catalog).await;
-            checked = Some(catalog);
+            checked = Some(catalog.clone());
         }
-        for group in shard.groups.tick(std::time::Instant::now()) {
+        for group in shard.groups.tick(std::time::Instant::now(), &catalog) {
             // A member may have joined since the tick: then the group is not empty and stays.
             match shard.groups.delete_group(&group).await {
                 Ok(()) => tracing::info!(

@@ -13,7 +13,7 @@ fn table(topics: &[(&str, i32)]) -> Arc<dyn Topics> {
 
 /// A round-robin stand-in for the server assignors (the real ones are tested in their
 /// own module): sticky enough for these tests, balanced, deterministic.
-fn round_robin(
+pub(super) fn round_robin(
     _name: &str,
     members: &[MemberSpec],
     topics: &BTreeMap<String, TopicSpec>,
@@ -44,7 +44,7 @@ fn round_robin(
     Some(out)
 }
 
-fn env<'a>(now: Instant, topics: &'a Arc<dyn Topics>) -> HeartbeatEnv<'a> {
+pub(super) fn env<'a>(now: Instant, topics: &'a Arc<dyn Topics>) -> HeartbeatEnv<'a> {
     HeartbeatEnv {
         now,
         topics,

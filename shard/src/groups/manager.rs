@@ -17,6 +17,7 @@ use super::assignor::{self, GroupAssignment, MemberSpec, RackAwareWeights, Topic
 use super::classic::{ClassicGroup, SettledKey, StoredGroup};
 use super::offsets::{self, OffsetLog, OffsetRecord, OffsetTable, Replayed, GROUP_ID_FILE};
 use super::{owner_shard, GroupConfig, GroupError, GroupKind};
+use crate::catalog::TopicTable;
 
 /// One group.
 pub struct Group {
@@ -80,13 +81,20 @@ impl Group {
         group
     }
 
-    /// Whether the group's settled state is newer than what its log holds.
+    /// Whether the group's settled state is newer than what its log holds. A KIP-848 group
+    /// stores no membership, but one upgraded from a classic group must not leave that
+    /// group's members in the log: a restart would bring them back (holding partitions until
+    /// their sessions expire), so it stores an empty classic membership once.
     fn store_behind(&self) -> bool {
         match &*self.kind.borrow() {
             GroupKind::Classic(c) => {
                 c.settled_key().is_some() && c.settled_key() != self.stored_key.get()
             }
-            GroupKind::Consumer(_) => false,
+            GroupKind::Consumer(_) => self
+                .stored
+                .borrow()
+                .as_ref()
+                .is_some_and(|g| !g.members.is_empty()),
         }
     }
 }
@@ -112,7 +120,21 @@ async fn write_settled(group: &Rc<Group>) -> Result<(), GroupError> {
             (Some(k), Some(g)) if Some(k) != group.stored_key.get() => (k, g),
             _ => return Ok(()), // stored by the write this one waited for, or unsettled again
         },
-        GroupKind::Consumer(_) => return Ok(()),
+        GroupKind::Consumer(c) => {
+            let empty = StoredGroup {
+                generation: c.group_epoch,
+                protocol_type: Some("consumer".into()),
+                protocol_name: None,
+                leader: None,
+                members: Vec::new(),
+            };
+            let key = SettledKey {
+                generation: c.group_epoch,
+                members: 0,
+                ids: 0,
+            };
+            (key, empty)
+        }
     };
     let applied = group.clone();
     let record = stored.clone();
@@ -128,6 +150,35 @@ async fn write_settled(group: &Rc<Group>) -> Result<(), GroupError> {
         });
         GroupError::CoordinatorNotAvailable(format!("storing group {}: {e}", group.id))
     })
+}
+
+/// Kafka's online downgrade: when the last member using the consumer protocol has left a
+/// KIP-848 group that still has classic members, the group becomes a classic group at its
+/// group epoch, each member holding its target assignment, and rebalances
+/// (`kaas_groups::consumer` has the rules). Returns whether it did.
+pub fn downgrade_if_due(
+    group_id: &str,
+    kind: &mut GroupKind,
+    catalog: &TopicTable,
+    initial_delay_ms: u64,
+    now: Instant,
+) -> bool {
+    let GroupKind::Consumer(c) = kind else {
+        return false;
+    };
+    if !c.downgrade_due() {
+        return false;
+    }
+    let stored = c.downgrade(&|id| catalog.by_id(id).map(|t| t.name.clone()));
+    let members = stored.members.len();
+    *kind = GroupKind::Classic(ClassicGroup::downgraded(
+        group_id,
+        initial_delay_ms,
+        stored,
+        now,
+    ));
+    tracing::info!(group = %group_id, members, "the group's last member using the consumer protocol left and classic members remain: the group is a classic group again and rebalances (online downgrade)");
+    true
 }
 
 /// A row of ListGroups.
@@ -740,7 +791,7 @@ impl GroupManager {
     /// Returns the groups with a log that have had no members and no offsets for the empty
     /// group retention, for the caller to delete (as Kafka's offsets cleanup removes an empty
     /// group that has no offsets left).
-    pub fn tick(&self, now: Instant) -> Vec<String> {
+    pub fn tick(&self, now: Instant, catalog: &TopicTable) -> Vec<String> {
         let mut retired = Vec::new();
         let groups: Vec<Rc<Group>> = self.groups.borrow().values().cloned().collect();
         let mut dead = Vec::new();
@@ -758,6 +809,13 @@ impl GroupManager {
                     }
                 }
             }
+            downgrade_if_due(
+                &g.id,
+                &mut kind,
+                catalog,
+                self.config.initial_rebalance_delay_ms,
+                now,
+            );
             drop(kind);
             // A session expiry emptied the group: written in the background (errors are
             // logged there), so a restart does not bring the expired members back.
@@ -1009,12 +1067,13 @@ mod tests {
             .unwrap();
             drop(idle);
             let t0 = Instant::now();
-            assert!(m.tick(t0).is_empty());
+            let none = TopicTable::default();
+            assert!(m.tick(t0, &none).is_empty());
             assert!(m
-                .tick(t0 + std::time::Duration::from_millis(999))
+                .tick(t0 + std::time::Duration::from_millis(999), &none)
                 .is_empty());
             assert_eq!(
-                m.tick(t0 + std::time::Duration::from_secs(1)),
+                m.tick(t0 + std::time::Duration::from_secs(1), &none),
                 vec!["idle".to_string()]
             );
             m.delete_group("idle").await.unwrap();

@@ -2,6 +2,7 @@
 //! decoded here, runs on the group's owner shard against `groups::classic`, and is encoded for
 //! the negotiated version.
 
+use super::kip848::with_env;
 use super::*;
 
 /// The classic state of `group`, converting an empty KIP-848 group (e.g. one that only has
@@ -67,6 +68,11 @@ pub async fn join_group(
                 };
                 let group = s.groups.get_or_create(&gid);
                 let cfg = &s.groups.config;
+                let in_consumer_group =
+                    matches!(&*group.kind.borrow(), GroupKind::Consumer(c) if !c.is_empty());
+                if in_consumer_group {
+                    return join_consumer_group(&s, &gid, &group, args);
+                }
                 let reply = with_classic(&group, cfg.initial_rebalance_delay_ms, |c| {
                     c.join(
                         args,
@@ -97,6 +103,31 @@ pub async fn join_group(
         .await
     };
     join_response(&result, version)
+}
+
+/// A classic member joining a KIP-848 group that has members: it becomes a classic member of
+/// it, assigned by the coordinator and answered at once (`ConsumerGroup::classic_join`).
+fn join_consumer_group(s: &Rc<Shard>, gid: &str, group: &Group, args: JoinArgs) -> JoinResult {
+    let member_id = args.member_id.clone();
+    let cfg = &s.groups.config;
+    if args.session_timeout_ms < cfg.min_session_timeout_ms
+        || args.session_timeout_ms > cfg.max_session_timeout_ms
+    {
+        let e = GroupError::InvalidSessionTimeout {
+            got: args.session_timeout_ms,
+            min: cfg.min_session_timeout_ms,
+            max: cfg.max_session_timeout_ms,
+        };
+        return JoinResult::error(e, &member_id);
+    }
+    with_env(s, gid, |env, _| {
+        let mut kind = group.kind.borrow_mut();
+        match &mut *kind {
+            GroupKind::Consumer(c) => c.classic_join(args, env),
+            GroupKind::Classic(_) => unreachable!("checked by the caller, on this thread"),
+        }
+    })
+    .unwrap_or_else(|e| JoinResult::error(e, &member_id))
 }
 
 pub(super) fn join_response(result: &JoinResult, version: i16) -> JoinGroupResponse {
@@ -181,12 +212,17 @@ pub async fn sync_group(
                         assignments,
                         Instant::now(),
                     ),
-                    GroupKind::Consumer(_) => Reply::Now(SyncResult {
-                        error: Some(GroupError::UnknownMemberId(
-                            "the group uses the consumer protocol".into(),
-                        )),
-                        ..SyncResult::default()
-                    }),
+                    GroupKind::Consumer(c) => Reply::Now(sync_in_consumer_group(
+                        &s,
+                        c,
+                        &MemberRef {
+                            member_id: &member_id,
+                            instance_id: instance.as_deref(),
+                            generation: req.generation_id,
+                        },
+                        req.protocol_type.as_deref(),
+                        req.protocol_name.as_deref(),
+                    )),
                 }
             };
             let result = match reply {
@@ -212,6 +248,32 @@ pub async fn sync_group(
         .await
     };
     sync_response(result, version)
+}
+
+/// SyncGroup from a classic member of a KIP-848 group: its assignment as reconciliation left
+/// it (`ConsumerGroup::classic_sync`), with the protocol type and name it sent, as Kafka
+/// answers.
+fn sync_in_consumer_group(
+    s: &Shard,
+    c: &mut ConsumerGroup,
+    r: &MemberRef<'_>,
+    protocol_type: Option<&str>,
+    protocol_name: Option<&str>,
+) -> SyncResult {
+    let catalog = s.catalog.snapshot();
+    let name = |id| catalog.by_id(id).map(|t| t.name.clone());
+    match c.classic_sync(r, protocol_type, protocol_name, &name, Instant::now()) {
+        Ok(assignment) => SyncResult {
+            error: None,
+            protocol_type: protocol_type.map(str::to_string),
+            protocol_name: protocol_name.map(str::to_string),
+            assignment,
+        },
+        Err(e) => SyncResult {
+            error: Some(e),
+            ..SyncResult::default()
+        },
+    }
 }
 
 pub(super) fn sync_response(result: SyncResult, version: i16) -> SyncGroupResponse {
@@ -248,9 +310,14 @@ pub async fn heartbeat(shard: &Rc<Shard>, req: HeartbeatRequest) -> HeartbeatRes
                     },
                     Instant::now(),
                 ),
-                GroupKind::Consumer(_) => Err(GroupError::UnknownMemberId(
-                    "the group uses the consumer protocol".into(),
-                )),
+                GroupKind::Consumer(c) => c.classic_heartbeat(
+                    &MemberRef {
+                        member_id: &member_id,
+                        instance_id: instance.as_deref(),
+                        generation: req.generation_id,
+                    },
+                    Instant::now(),
+                ),
             }
         })
         .await
@@ -305,9 +372,7 @@ pub async fn leave_group(
                     .iter()
                     .map(|(m, i)| match &mut *kind {
                         GroupKind::Classic(c) => c.leave(m, i.as_deref(), now),
-                        GroupKind::Consumer(_) => Err(GroupError::UnknownMemberId(
-                            "the group uses the consumer protocol".into(),
-                        )),
+                        GroupKind::Consumer(c) => c.classic_leave(m, i.as_deref()),
                     })
                     .collect()
             };

@@ -2,26 +2,76 @@
 
 use super::*;
 
-/// The consumer-protocol state of `group`, converting an empty classic group (e.g. one that
-/// only has offsets) into a KIP-848 group.
+/// The consumer-protocol state of `group`, for a ConsumerGroupHeartbeat. An empty classic
+/// group (e.g. one that only has offsets) becomes a KIP-848 group; a classic group with
+/// members is upgraded when `upgrade` is given (a member joining, epoch 0), as Kafka upgrades
+/// online: only if the heartbeat succeeds on the upgraded group does it replace the classic
+/// one, whose JoinGroups and SyncGroups still waiting are told to rejoin. After `f`, a group
+/// whose last consumer-protocol member left goes back to classic ([`downgrade_if_due`]).
 pub(super) fn with_consumer<R>(
+    s: &Shard,
     group: &Group,
+    upgrade: Option<&dyn consumer::Topics>,
     f: impl FnOnce(&mut ConsumerGroup) -> Result<R, GroupError>,
 ) -> Result<R, GroupError> {
     let mut kind = group.kind.borrow_mut();
-    if let GroupKind::Classic(c) = &*kind {
-        if !(c.is_empty() && c.state == crate::groups::classic::ClassicState::Empty) {
-            return Err(GroupError::GroupIdNotFound(format!(
-                "Group {} is not a consumer group.",
-                group.id
-            )));
+    if let GroupKind::Classic(c) = &mut *kind {
+        if c.is_empty() && c.state == crate::groups::classic::ClassicState::Empty {
+            *kind = GroupKind::Consumer(ConsumerGroup::new(&group.id));
+        } else {
+            let not_consumer = || {
+                GroupError::GroupIdNotFound(format!("Group {} is not a consumer group.", group.id))
+            };
+            let topics = upgrade.ok_or_else(not_consumer)?;
+            let mut upgraded = ConsumerGroup::from_classic(c, topics, Instant::now())?;
+            let r = f(&mut upgraded)?;
+            let members = c.members.len();
+            c.unload(&GroupError::RebalanceInProgress);
+            *kind = GroupKind::Consumer(upgraded);
+            tracing::info!(group = %group.id, classic_members = members, "a member using the consumer protocol joined a classic group: the group is a consumer group now, its classic members keep their partitions and are assigned by the coordinator (online upgrade)");
+            return Ok(r);
         }
-        *kind = GroupKind::Consumer(ConsumerGroup::new(&group.id));
     }
-    match &mut *kind {
-        GroupKind::Consumer(c) => f(c),
-        GroupKind::Classic(_) => unreachable!("converted above"),
-    }
+    let GroupKind::Consumer(c) = &mut *kind else {
+        unreachable!("converted above")
+    };
+    let r = f(c);
+    downgrade_if_due(
+        &group.id,
+        &mut kind,
+        &s.catalog.snapshot(),
+        s.groups.config.initial_rebalance_delay_ms,
+        Instant::now(),
+    );
+    r
+}
+
+/// Runs `f` with what a KIP-848 group's decisions need from the shard: the topics, the
+/// group's settings (the broker's with the group's own configs, Kafka's GROUP resource), the
+/// assignors and the partition leaders' racks.
+pub(super) fn with_env<R>(
+    s: &Rc<Shard>,
+    gid: &str,
+    f: impl FnOnce(&HeartbeatEnv<'_>, &GroupConfig) -> R,
+) -> R {
+    let topics: Arc<dyn consumer::Topics> = s.catalog.snapshot();
+    let cfg = s
+        .groups
+        .config
+        .for_group(s.catalog.group_configs().get(gid));
+    let assign = |name: &str, m: &[_], t: &BTreeMap<_, _>| {
+        s.groups.run_assignor(name, cfg.rack_aware_weights, m, t)
+    };
+    let env = HeartbeatEnv {
+        now: Instant::now(),
+        topics: &topics,
+        new_member_id: &GroupManager::new_member_id,
+        session_timeout_ms: cfg.consumer_session_timeout_ms,
+        default_assignor: &cfg.default_assignor,
+        assign: &assign,
+        leader_rack: &|t, p| s.cluster.leader_rack(t, p),
+    };
+    f(&env, &cfg)
 }
 
 pub async fn consumer_group_heartbeat(
@@ -57,26 +107,12 @@ pub async fn consumer_group_heartbeat(
         on_group(shard, &gid.clone(), Err, move |s| async move {
             consumer::validate(&args, version, |n| s.groups.known_assignor(n))?;
             let group = s.groups.get_or_create(&gid);
-            let topics: Arc<dyn consumer::Topics> = s.catalog.snapshot();
-            // The broker's group settings with this group's configs (Kafka's GROUP resource).
-            let cfg = s
-                .groups
-                .config
-                .for_group(s.catalog.group_configs().get(&gid));
-            let assign = |name: &str, m: &[_], t: &BTreeMap<_, _>| {
-                s.groups.run_assignor(name, cfg.rack_aware_weights, m, t)
-            };
-            let env = HeartbeatEnv {
-                now: Instant::now(),
-                topics: &topics,
-                new_member_id: &GroupManager::new_member_id,
-                session_timeout_ms: cfg.consumer_session_timeout_ms,
-                default_assignor: &cfg.default_assignor,
-                assign: &assign,
-                leader_rack: &|t, p| s.cluster.leader_rack(t, p),
-            };
-            let r = with_consumer(&group, |c| c.heartbeat(args, &env))?;
-            Ok((r, cfg.consumer_heartbeat_interval_ms))
+            let joining = args.member_epoch == 0;
+            with_env(&s, &gid, |env, cfg| {
+                let upgrade = joining.then_some(&**env.topics);
+                let r = with_consumer(&s, &group, upgrade, |c| c.heartbeat(args, env))?;
+                Ok((r, cfg.consumer_heartbeat_interval_ms))
+            })
         })
         .await
     };
@@ -192,8 +228,8 @@ pub(super) fn describe_consumer(
                     c.target.get(&m.member_id).unwrap_or(&Default::default()),
                 ));
             if version >= 1 {
-                // 1 = a member using the consumer protocol.
-                dm.member_type = 1;
+                // 0 = a classic member (JoinGroup, SyncGroup), 1 = the consumer protocol.
+                dm.member_type = if m.classic.is_some() { 0 } else { 1 };
             }
             dm
         })

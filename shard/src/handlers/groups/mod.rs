@@ -54,9 +54,11 @@ use super::per_partition;
 use crate::errors;
 use crate::groups::classic::{JoinArgs, JoinResult, MemberRef, Reply, SyncResult};
 use crate::groups::consumer::{self, ConsumerGroup, HeartbeatArgs, HeartbeatEnv};
-use crate::groups::manager::{Group, GroupManager, ListedGroup};
+use crate::groups::manager::{downgrade_if_due, Group, GroupManager, ListedGroup};
 use crate::groups::offsets::{CommittedOffset, OffsetRecord};
-use crate::groups::{classic::ClassicGroup, owner_shard, Committer, GroupError, GroupKind};
+use crate::groups::{
+    classic::ClassicGroup, owner_shard, Committer, GroupConfig, GroupError, GroupKind,
+};
 use crate::mesh::on_shard;
 use crate::shard::Shard;
 
