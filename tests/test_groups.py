@@ -674,18 +674,20 @@ def test_static_member_replaced_without_rebalance(broker):
 
 
 @pytest.mark.restart
-@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+@pytest.mark.parametrize("protocol", ["classic", "consumer", "mixed"])
 def test_group_survives_broker_restart(broker, protocol):
-    """An active group (librdkafka, classic / consumer protocol) rides through a broker
-    restart: its members rejoin, resume from the committed offsets, consume everything
-    produced before and after, and the committed offsets end at the end offsets."""
+    """An active group (librdkafka, classic / consumer protocol, or one member of each: a
+    consumer group upgraded online from a classic one) rides through a broker restart: its
+    members rejoin, resume from the committed offsets, consume everything produced before and
+    after, and the committed offsets end at the end offsets."""
     if broker.external:
         pytest.skip("needs a broker the test can restart")
     topic = unique_topic(f"rst-{protocol}")
     group = unique_topic(f"rst-group-{protocol}")
     create_topic(broker.bootstrap, topic, PARTITIONS)
     rdkafka_produce(broker.bootstrap, topic, values("rst", 300))
-    g = RdGroup([rd_consumer(broker.bootstrap, group, protocol) for _ in range(2)], topic)
+    protocols = ["classic", "consumer"] if protocol == "mixed" else [protocol] * 2
+    g = RdGroup([rd_consumer(broker.bootstrap, group, p) for p in protocols], topic)
     try:
         g.subscribe()
         wait_until(lambda: len(g.seen) >= 300 and covers(g.assignments(), PARTITIONS), 60,
