@@ -393,6 +393,16 @@ def parse_produce_response(version: int, frame: bytes) -> tuple[int, str, int, i
     return corr, name, idx, err, base
 
 
+def produce_log_start_offset(version: int, frame: bytes) -> int:
+    """The log_start_offset of the first partition in a Produce response (v5-v8, whose
+    partition entry is index, error, base offset, log append time, log start offset)."""
+    assert 5 <= version <= 8, version
+    (ln,) = struct.unpack_from(">h", frame, 8)
+    pos = 4 + 4 + 2 + ln + 4 + 4 + 2 + 8 + 8
+    (log_start,) = struct.unpack_from(">q", frame, pos)
+    return log_start
+
+
 def produce(s: socket.socket, version: int, corr: int, topic: str, partition: int,
             batch: bytes) -> tuple[int, int]:
     """One Produce (acks=all) of `batch` on the open connection `s`; returns (error code, base

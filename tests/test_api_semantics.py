@@ -1085,3 +1085,29 @@ def test_a_topic_default_is_listed_among_its_synonyms_as_kafka_lists_it(broker):
     assert r.error_code == 0, r
     got = {c.name: [s.name for s in c.synonyms if s.source == 5] for c in r.configs}
     assert got == want
+
+
+def test_a_produce_refused_on_validation_reports_the_log_start_offset(broker):
+    """A batch refused on validation (INVALID_RECORD: a keyless record on a compacted topic,
+    whose `delete` policy lets DeleteRecords move the log start) is answered with the partition's log start offset, as Kafka answers it (its
+    `processFailedRecord`); kaas answered -1."""
+    from confluent_kafka import TopicPartition as TP
+    topic = unique_topic("lso")
+    create_topic(broker.bootstrap, topic, 1, {"cleanup.policy": "compact,delete"})
+    version = 8
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+        for i in range(3):
+            assert kwire.produce(s, version, i, topic, 0,
+                                 kwire.record_batch([(b"k%d" % i, b"v")])) == (0, i)
+    a = admin(broker.bootstrap)
+    done = a.delete_records([TP(topic, 0, 2)], request_timeout=10)
+    for f in done.values():
+        f.result()
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+        s.sendall(kwire.produce_request(version, 7, topic, 0, kwire.record_batch([(None, b"v")])))
+        frame = kwire.recv_frame(s)
+    _, _, _, err, base = kwire.parse_produce_response(version, frame)
+    assert (err, base) == (87, -1), "INVALID_RECORD, nothing stored"
+    assert kwire.produce_log_start_offset(version, frame) == 2

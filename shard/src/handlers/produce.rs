@@ -290,9 +290,16 @@ async fn append_partition(
         Ok(checked) => checked,
         Err(refusal) => {
             tracing::debug!(topic = %meta.name, partition, code = refusal.code, message = %refusal.message, "refusing produced records");
+            // Kafka answers a record refused on validation with the partition's log start
+            // offset (its `processFailedRecord`); -1 only where this broker does not serve it.
+            let log_start_offset = match shard.partition(&meta, partition).await {
+                Ok(log) => log.log_start_offset(),
+                Err(_) => -1,
+            };
             return PartResult {
                 record_errors: refusal.record_errors,
                 error_message: Some(refusal.message),
+                log_start_offset,
                 ..PartResult::error(refusal.code)
             };
         }
