@@ -665,6 +665,33 @@ def test_fetch_max_bytes_limits_the_answer_in_whole_batches(broker):
     assert (p0, p1) == (first, rest)
 
 
+def test_a_fetch_is_capped_at_the_brokers_fetch_max_bytes(broker):
+    """A Fetch asking for 2 GiB from a partition holding 64 MiB gets at most 55 MiB, the
+    broker's fetch.max.bytes (Kafka's default, read-only there); kaas had no cap, so one
+    request made it read and hold up to a whole segment."""
+    from kafka.protocol.consumer import FetchRequest
+    topic = unique_topic("fetchcap")
+    create_topic(broker.bootstrap, topic, 1)
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    value = b"x" * 1_000_000
+    with kwire.connect(broker) as s:
+        s.settimeout(30)
+        for i in range(64):
+            assert kwire.produce(s, version, i, topic, 0, kwire.record_batch([(None, value)])) \
+                == (0, i)
+    f = kwire.send(broker, FetchRequest[12](
+        replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=2**31 - 1, isolation_level=0,
+        session_id=0, session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
+            FetchRequest.FetchTopic.FetchPartition(
+                partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                log_start_offset=-1, partition_max_bytes=2**31 - 1)])],
+        forgotten_topics_data=[], rack_id=""))
+    assert f.error_code == 0, f
+    records = bytes(f.responses[0].partitions[0].records or b"")
+    assert 50 * 2**20 <= len(records) <= 57_671_680, len(records)
+
+
 def test_an_incremental_fetch_names_no_session(broker):
     """kaas grants no fetch sessions (it answers session id 0), so a Fetch with a session epoch
     above 0 — an incremental fetch of a session it never granted — is answered

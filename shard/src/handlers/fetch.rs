@@ -17,6 +17,12 @@ use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
 
+/// The most a Fetch answers whatever its `max_bytes` asks: Kafka's broker config
+/// `fetch.max.bytes` at its default (55 MiB; read-only in Kafka, a constant here). Clients ask
+/// for 50 MiB by default (librdkafka's and the Java client's `fetch.max.bytes`), so only a
+/// request asking for more is cut.
+pub const FETCH_MAX_BYTES: usize = 57_671_680;
+
 #[derive(Clone)]
 struct PartRead {
     error_code: i16,
@@ -65,8 +71,9 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
     let started = Instant::now();
     let max_wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
     let min_bytes = req.min_bytes.max(0) as usize;
-    // Taken as it is, as Kafka takes it: 0 is not "no limit" but one batch (KIP-74).
-    let max_bytes = req.max_bytes.max(0) as usize;
+    // Taken as it is, as Kafka takes it: 0 is not "no limit" but one batch (KIP-74); and no
+    // more than FETCH_MAX_BYTES, so one request cannot make the broker read and hold gigabytes.
+    let max_bytes = (req.max_bytes.max(0) as usize).min(FETCH_MAX_BYTES);
     // Partitions are read concurrently, so without a share each could read its whole
     // partition_max_bytes only for most of it to be dropped by max_bytes below: a 1,000-partition
     // fetch would read (and hold) up to 1 GB for a 50 MB answer. Each partition therefore reads
