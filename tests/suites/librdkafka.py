@@ -468,6 +468,34 @@ def run_suite(brokers: Brokers, only: set[str] | None = None, modes: list[str] |
     return run
 
 
+# librdkafka's 0057 produces to an invalid topic name four times in a tight loop and expects
+# each produce() to succeed (the error deferred to the delivery report) or to return
+# TOPIC_EXCEPTION. If the broker's Metadata answer arrives while the loop still runs, librdkafka
+# marks the topic "not exists" for TOPIC_EXCEPTION too (rdkafka_topic.c,
+# rd_kafka_topic_metadata_update) and produce() returns Local: Unknown topic, whatever the
+# broker answered. The test assumes the loop beats one metadata round trip (a fraction of a
+# millisecond to kaas on loopback); a runner preempted for longer than that on CI's loaded two
+# cores loses. Run alone it passed 40 times of 40 (2026-12-07); in CI it failed once in its
+# first 31 runs, with the broker answering TOPIC_EXCEPTION (17) as Kafka does.
+INVALID_TOPIC_RACE = ("test_invalid_topic:90: Expected Broker: Invalid topic, got Local: Unknown"
+                      " topic")
+EXPECTATION = re.compile(r"Expected .*, got ")
+
+
+def excused_invalid_topic_race(run: SuiteRun) -> dict[str, str]:
+    """{test: why} for 0057_invalid_topic when its only failed expectation is the produce()
+    that lost the race above; empty otherwise."""
+    out = {}
+    for t, outcome in run.results.items():
+        if not t.startswith("0057_invalid_topic") or outcome != "fail":
+            continue
+        expected = [ln for ln in run.tails.get(t, "").splitlines() if EXPECTATION.search(ln)]
+        if expected and all(INVALID_TOPIC_RACE in ln for ln in expected):
+            out[t] = ("librdkafka's produce() loop lost the race with the broker's Metadata "
+                      "answer (TOPIC_EXCEPTION), which turns the topic 'not exists' client-side")
+    return out
+
+
 def failure_excerpt(out: str, name: str, limit: int = 3000) -> str:
     """The runner's failure lines for `name`, else the output's tail."""
     lines = [ln for ln in out.splitlines() if name in ln and ("FAIL" in ln or "fail" in ln)]
