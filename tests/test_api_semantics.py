@@ -692,6 +692,36 @@ def test_a_fetch_is_capped_at_the_brokers_fetch_max_bytes(broker):
     assert 50 * 2**20 <= len(records) <= 57_671_680, len(records)
 
 
+def test_a_fetch_claiming_to_come_from_a_replica_gets_no_records(broker):
+    """A Fetch with replica_id >= 0 claims to come from a follower; no broker follows a kaas
+    partition (one copy), so it is answered NOT_LEADER_OR_FOLLOWER with no records and high
+    watermark -1, as Kafka answers a fetch from a broker that is not a follower (any id, its
+    own included). kaas served it as a consumer's fetch. A consumer's fetch (-1) still reads."""
+    from kafka.protocol.consumer import FetchRequest
+    topic = unique_topic("replica")
+    create_topic(broker.bootstrap, topic, 1)
+    with kwire.connect(broker) as s:
+        s.settimeout(15)
+        assert kwire.produce(s, 8, 1, topic, 0, kwire.record_batch([(None, b"v")])) == (0, 0)
+
+    def fetch(replica_id):
+        f = kwire.send(broker, FetchRequest[12](
+            replica_id=replica_id, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
+                FetchRequest.FetchTopic.FetchPartition(
+                    partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                    log_start_offset=-1, partition_max_bytes=1 << 20)])],
+            forgotten_topics_data=[], rack_id=""))
+        p = f.responses[0].partitions[0]
+        return p.error_code, p.high_watermark, len(p.records or b"")
+
+    for replica_id in (0, 1, 7):
+        assert fetch(replica_id) == (6, -1, 0), replica_id
+    err, hw, n = fetch(-1)
+    assert (err, hw) == (0, 1) and n > 0
+
+
 def test_an_incremental_fetch_names_no_session(broker):
     """kaas grants no fetch sessions (it answers session id 0), so a Fetch with a session epoch
     above 0 — an incremental fetch of a session it never granted — is answered

@@ -87,6 +87,15 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
     let share = (max_bytes / partitions_wanted).max(64 * 1024);
     let snapshot = shard.catalog.snapshot();
     let uses_ids = version >= 13;
+    // A fetch that says it comes from a replica (v15+ in ReplicaState). kaas keeps one copy of
+    // each partition, so no broker follows one: Kafka answers such a fetch from a broker that
+    // is not a follower of the partition NOT_LEADER_OR_FOLLOWER, with no records.
+    let replica = if version >= 15 {
+        req.replica_state.replica_id.0
+    } else {
+        req.replica_id.0
+    };
+    let from_replica = replica >= 0;
 
     let mut wanted = Vec::new();
     let mut topics_out = Vec::with_capacity(req.topics.len());
@@ -112,6 +121,7 @@ pub async fn fetch(shard: &Rc<Shard>, req: FetchRequest, version: i16) -> FetchR
                 Some(m) if p.partition < 0 || p.partition >= m.partitions => {
                     (None, errors::UNKNOWN_TOPIC_OR_PARTITION)
                 }
+                Some(_) if from_replica => (None, errors::NOT_LEADER_OR_FOLLOWER),
                 Some(m) => (Some(m.clone()), errors::NONE),
             };
             wanted.push(Wanted {
