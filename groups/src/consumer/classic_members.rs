@@ -138,7 +138,7 @@ impl ConsumerGroup {
         let mut bump = self.find_or_add_classic(&member_id, unknown, &args, env.now)?;
         bump |= self.update_classic(&member_id, &args, &sub, env.now);
 
-        // 3. The target, and one reconciliation step against what the member still owns.
+        // The target, and one reconciliation step against what the member still owns.
         self.bump_and_assign(bump, env);
         let owned: Vec<(Uuid, Vec<i32>)> = by_id(&sub.owned, &**env.topics)
             .into_iter()
