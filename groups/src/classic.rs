@@ -256,6 +256,20 @@ pub struct ClassicGroup {
     removed: Vec<(String, Removal)>,
 }
 
+/// A JoinGroup's session timeout must lie within the broker's bounds
+/// (`group.min.session.timeout.ms`, `group.max.session.timeout.ms`), whichever protocol the
+/// group speaks.
+pub fn check_session_timeout(ms: i32, min_ms: i32, max_ms: i32) -> Result<(), GroupError> {
+    if ms < min_ms || ms > max_ms {
+        return Err(GroupError::InvalidSessionTimeout {
+            got: ms,
+            min: min_ms,
+            max: max_ms,
+        });
+    }
+    Ok(())
+}
+
 /// Kafka's form of a member id: the client id, a dash, a UUID (drawn by the caller).
 fn member_id_for(client_id: &str, id: Uuid) -> String {
     format!("{client_id}-{id}")
@@ -344,22 +358,6 @@ impl ClassicGroup {
             .into_iter()
             .find(|(v, _)| *v == best)
             .map(|(_, c)| c.clone())
-    }
-
-    fn validate_session(
-        &self,
-        args: &JoinArgs,
-        min_ms: i32,
-        max_ms: i32,
-    ) -> Result<(), GroupError> {
-        if args.session_timeout_ms < min_ms || args.session_timeout_ms > max_ms {
-            return Err(GroupError::InvalidSessionTimeout {
-                got: args.session_timeout_ms,
-                min: min_ms,
-                max: max_ms,
-            });
-        }
-        Ok(())
     }
 
     /// Checks a member's identity and generation (SyncGroup, Heartbeat, OffsetCommit).

@@ -584,29 +584,7 @@ impl ConsumerGroup {
     }
 
     fn leave(&mut self, args: &HeartbeatArgs) -> Result<HeartbeatResult, GroupError> {
-        let member_id = match &args.instance_id {
-            Some(instance) => {
-                let Some(owner) = self.static_members.get(instance).cloned() else {
-                    return Err(GroupError::UnknownMemberId(format!(
-                        "Instance id {instance} is unknown."
-                    )));
-                };
-                if !args.member_id.is_empty() && owner != args.member_id {
-                    return Err(GroupError::FencedInstanceId(format!(
-                        "Static member {} with instance id {instance} was fenced by member {owner}.",
-                        args.member_id
-                    )));
-                }
-                owner
-            }
-            None => args.member_id.clone(),
-        };
-        if !self.members.contains_key(&member_id) {
-            return Err(GroupError::UnknownMemberId(format!(
-                "Member {member_id} is not a member of group {}.",
-                self.group_id
-            )));
-        }
+        let member_id = self.leaving_member(&args.member_id, args.instance_id.as_deref())?;
         if args.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH {
             // A static member leaving temporarily keeps its partitions until its session
             // expires, so a quick restart gets them back without a rebalance.
@@ -621,6 +599,38 @@ impl ConsumerGroup {
             member_epoch: args.member_epoch,
             assignment: None,
         })
+    }
+
+    /// The member a leave names, by member id or (static) instance id: a leave heartbeat or
+    /// a classic LeaveGroup. An instance owned by another member id is fenced.
+    fn leaving_member(
+        &self,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> Result<String, GroupError> {
+        let id = match instance_id {
+            Some(instance) => {
+                let Some(owner) = self.static_members.get(instance).cloned() else {
+                    return Err(GroupError::UnknownMemberId(format!(
+                        "Instance id {instance} is unknown."
+                    )));
+                };
+                if !member_id.is_empty() && owner != member_id {
+                    return Err(GroupError::FencedInstanceId(format!(
+                        "Static member {member_id} with instance id {instance} was fenced by member {owner}."
+                    )));
+                }
+                owner
+            }
+            None => member_id.to_string(),
+        };
+        if !self.members.contains_key(&id) {
+            return Err(GroupError::UnknownMemberId(format!(
+                "Member {id} is not a member of group {}.",
+                self.group_id
+            )));
+        }
+        Ok(id)
     }
 
     /// Kafka's CurrentAssignmentBuilder: one reconciliation step for one member.

@@ -170,20 +170,25 @@ pub fn encode_assignment<'a>(
     b.freeze()
 }
 
+/// A Subscription in `version` (user data "abc", generation 7), for tests here and of the
+/// classic members that send one.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn subscription_v3(topics: &[&str], owned: &[(&str, &[i32])], rack: Option<&str>) -> Vec<u8> {
-        let mut b = BytesMut::new();
-        b.put_i16(3);
-        b.put_i32(topics.len() as i32);
-        for t in topics {
-            b.put_i16(t.len() as i16);
-            b.put_slice(t.as_bytes());
-        }
-        b.put_i32(3);
-        b.put_slice(b"abc"); // user data, skipped
+pub(crate) fn encode_subscription(
+    version: i16,
+    topics: &[&str],
+    owned: &[(&str, &[i32])],
+    rack: Option<&str>,
+) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_i16(version);
+    b.put_i32(topics.len() as i32);
+    for t in topics {
+        b.put_i16(t.len() as i16);
+        b.put_slice(t.as_bytes());
+    }
+    b.put_i32(3);
+    b.put_slice(b"abc"); // user data, skipped
+    if version >= 1 {
         b.put_i32(owned.len() as i32);
         for (t, ps) in owned {
             b.put_i16(t.len() as i16);
@@ -193,7 +198,11 @@ mod tests {
                 b.put_i32(*p);
             }
         }
+    }
+    if version >= 2 {
         b.put_i32(7); // generation
+    }
+    if version >= 3 {
         match rack {
             Some(r) => {
                 b.put_i16(r.len() as i16);
@@ -201,7 +210,16 @@ mod tests {
             }
             None => b.put_i16(-1),
         }
-        b.to_vec()
+    }
+    b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subscription_v3(topics: &[&str], owned: &[(&str, &[i32])], rack: Option<&str>) -> Bytes {
+        encode_subscription(3, topics, owned, rack)
     }
 
     #[test]

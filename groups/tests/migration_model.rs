@@ -37,6 +37,8 @@ const CLASSIC_SESSION_MS: i32 = 10_000;
 const REBALANCE_MS: i32 = 30_000;
 const TOPIC: u128 = 7;
 const CONVERGENCE_ROUNDS: usize = 20;
+/// The broker's session timeout bounds (Kafka's defaults).
+const SESSION_BOUNDS: (i32, i32) = (6_000, 1_800_000);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -200,7 +202,12 @@ impl World {
             self.clients[c].owned.clear();
         }
         let owned = self.clients[c].owned.clone();
-        let j = match self.group.classic_join(self.classic_args(c, &owned), &env) {
+        let j = match self.group.classic_join(
+            self.classic_args(c, &owned),
+            &env,
+            SESSION_BOUNDS.0,
+            SESSION_BOUNDS.1,
+        ) {
             Ok(j) => j,
             Err(e) => panic!("{}: join refused: {e}", self.clients[c].id),
         };

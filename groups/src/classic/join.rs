@@ -14,7 +14,9 @@ impl ClassicGroup {
         max_session_ms: i32,
         new_member_id: &dyn Fn() -> Uuid,
     ) -> Reply<JoinResult> {
-        if let Err(e) = self.validate_session(&args, min_session_ms, max_session_ms) {
+        if let Err(e) =
+            check_session_timeout(args.session_timeout_ms, min_session_ms, max_session_ms)
+        {
             return Reply::Now(JoinResult::error(e, &args.member_id));
         }
         if !self.supports(&args.protocol_type, &args.protocols) {

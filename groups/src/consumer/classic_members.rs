@@ -22,7 +22,9 @@
 //! `convertToConsumerGroup`, `convertToClassicGroup`).
 
 use super::*;
-use crate::classic::{ClassicGroup, JoinArgs, JoinResult, MemberRef, StoredGroup, StoredMember};
+use crate::classic::{
+    check_session_timeout, ClassicGroup, JoinArgs, JoinResult, MemberRef, StoredGroup, StoredMember,
+};
 use crate::consumer_protocol::{self as cp, Malformed};
 
 const CONSUMER: &str = "consumer";
@@ -102,14 +104,18 @@ impl ConsumerGroup {
         Ok(g)
     }
 
-    /// JoinGroup from a classic member (Kafka's `classicGroupJoinToConsumerGroup`). `args`
-    /// passed the session timeout check; a member without an id on JoinGroup v4+ is given one
-    /// and asked to rejoin with it (MEMBER_ID_REQUIRED), as in a classic group.
+    /// JoinGroup from a classic member (Kafka's `classicGroupJoinToConsumerGroup`). The
+    /// session timeout must lie within the broker's bounds, as in a classic group; a member
+    /// without an id on JoinGroup v4+ is given one and asked to rejoin with it
+    /// (MEMBER_ID_REQUIRED), as in a classic group.
     pub fn classic_join(
         &mut self,
         args: JoinArgs,
         env: &HeartbeatEnv<'_>,
+        min_session_ms: i32,
+        max_session_ms: i32,
     ) -> Result<JoinResult, GroupError> {
+        check_session_timeout(args.session_timeout_ms, min_session_ms, max_session_ms)?;
         let unknown = args.member_id.is_empty();
         let member_id = if unknown {
             (env.new_member_id)().to_string()
@@ -271,22 +277,9 @@ impl ConsumerGroup {
                 .get_or_insert(now + millis(m.rebalance_timeout_ms));
             return Err(GroupError::RebalanceInProgress);
         }
-        let version = meta
-            .protocols
-            .first()
-            .map(|(_, md)| cp::version(md))
-            .unwrap_or(0);
         meta.sync_deadline = None;
         m.session_deadline = now + millis(meta.session_timeout_ms);
-        let named: Vec<(String, Vec<i32>)> = m
-            .assigned
-            .iter()
-            .filter_map(|(t, ps)| Some((name(*t)?, ps.iter().copied().collect())))
-            .collect();
-        Ok(cp::encode_assignment(
-            version,
-            named.iter().map(|(t, ps)| (t.as_str(), ps.clone())),
-        ))
+        Ok(meta.assignment_bytes(&m.assigned, name))
     }
 
     /// Heartbeat from a classic member (Kafka's `classicGroupHeartbeatToConsumerGroup`).
@@ -316,35 +309,14 @@ impl ConsumerGroup {
         member_id: &str,
         instance_id: Option<&str>,
     ) -> Result<String, GroupError> {
-        let id = match instance_id {
-            None => member_id.to_string(),
-            Some(instance) => {
-                let Some(owner) = self.static_members.get(instance).cloned() else {
-                    return Err(GroupError::UnknownMemberId(format!(
-                        "Instance id {instance} is unknown."
-                    )));
-                };
-                if !member_id.is_empty() && owner != member_id {
-                    return Err(GroupError::FencedInstanceId(format!(
-                        "Static member {member_id} with instance id {instance} was fenced by member {owner}."
-                    )));
-                }
-                owner
-            }
-        };
-        match self.members.get(&id) {
-            None => Err(GroupError::UnknownMemberId(format!(
-                "Member {id} is not a member of group {}.",
-                self.group_id
-            ))),
-            Some(m) if m.classic.is_none() => Err(GroupError::UnknownMemberId(format!(
+        let id = self.leaving_member(member_id, instance_id)?;
+        if self.members[&id].classic.is_none() {
+            return Err(GroupError::UnknownMemberId(format!(
                 "Member {id} does not use the classic protocol."
-            ))),
-            Some(_) => {
-                self.remove_member(&id);
-                Ok(id)
-            }
+            )));
         }
+        self.remove_member(&id);
+        Ok(id)
     }
 
     /// Whether the group must become a classic group now (see the module's comment).
@@ -366,16 +338,7 @@ impl ConsumerGroup {
             .values()
             .filter_map(|m| {
                 let meta = m.classic.as_ref()?;
-                let version = meta
-                    .protocols
-                    .first()
-                    .map(|(_, md)| cp::version(md))
-                    .unwrap_or(0);
                 let target = self.target.get(&m.member_id).cloned().unwrap_or_default();
-                let named: Vec<(String, Vec<i32>)> = target
-                    .iter()
-                    .filter_map(|(t, ps)| Some((name(*t)?, ps.iter().copied().collect())))
-                    .collect();
                 Some(StoredMember {
                     member_id: m.member_id.clone(),
                     instance_id: m.instance_id.clone(),
@@ -385,10 +348,7 @@ impl ConsumerGroup {
                     rebalance_timeout_ms: m.rebalance_timeout_ms,
                     protocol_type: CONSUMER.to_string(),
                     protocols: meta.protocols.clone(),
-                    assignment: cp::encode_assignment(
-                        version,
-                        named.iter().map(|(t, ps)| (t.as_str(), ps.clone())),
-                    ),
+                    assignment: meta.assignment_bytes(&target, name),
                 })
             })
             .collect();
@@ -492,6 +452,31 @@ impl ClassicGroup {
         let mut g = ClassicGroup::restore(group_id, initial_delay_ms, stored, now);
         g.settle_downgraded(now);
         g
+    }
+}
+
+impl ClassicMeta {
+    /// `assignment` as the member reads it: a `consumer` protocol Assignment by topic name,
+    /// in the version of the metadata it was told to use (its first protocol's). A topic
+    /// `name` no longer knows (deleted meanwhile) is left out.
+    fn assignment_bytes(
+        &self,
+        assignment: &Assignment,
+        name: &dyn Fn(Uuid) -> Option<String>,
+    ) -> Bytes {
+        let version = self
+            .protocols
+            .first()
+            .map(|(_, md)| cp::version(md))
+            .unwrap_or(0);
+        let named: Vec<(String, Vec<i32>)> = assignment
+            .iter()
+            .filter_map(|(t, ps)| Some((name(*t)?, ps.iter().copied().collect())))
+            .collect();
+        cp::encode_assignment(
+            version,
+            named.iter().map(|(t, ps)| (t.as_str(), ps.clone())),
+        )
     }
 }
 

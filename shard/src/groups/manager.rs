@@ -115,6 +115,9 @@ async fn write_settled(group: &Rc<Group>) -> Result<(), GroupError> {
         return Ok(());
     };
     refuse_if_gone(group)?;
+    if !group.store_behind() {
+        return Ok(()); // stored by the write this one waited for
+    }
     let (key, stored) = match &*group.kind.borrow() {
         GroupKind::Classic(c) => match (c.settled_key(), c.stored()) {
             (Some(k), Some(g)) if Some(k) != group.stored_key.get() => (k, g),

@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use bytes::{BufMut, BytesMut};
-
 use super::*;
 use crate::classic::ClassicState;
 use crate::consumer::tests::env;
 
 const T: u128 = 1;
+/// The broker's session timeout bounds (Kafka's defaults).
+const SESSION_BOUNDS: (i32, i32) = (6_000, 1_800_000);
 
 fn topics() -> Arc<dyn Topics> {
     let t: BTreeMap<String, (Uuid, i32)> =
@@ -24,20 +24,16 @@ fn name(id: Uuid) -> Option<String> {
 
 /// A v1 Subscription to `t` that reports `owned` partitions of it.
 fn subscription(owned: &[i32]) -> Bytes {
-    let mut b = BytesMut::new();
-    b.put_i16(1);
-    b.put_i32(1);
-    b.put_i16(1);
-    b.put_slice(b"t");
-    b.put_i32(-1);
-    b.put_i32(1);
-    b.put_i16(1);
-    b.put_slice(b"t");
-    b.put_i32(owned.len() as i32);
-    for p in owned {
-        b.put_i32(*p);
+    cp::encode_subscription(1, &["t"], &[("t", owned)], None)
+}
+
+/// A dynamic classic member at `generation`, as SyncGroup and Heartbeat name it.
+fn dynamic(member_id: &str, generation: i32) -> MemberRef<'_> {
+    MemberRef {
+        member_id,
+        instance_id: None,
+        generation,
     }
-    b.freeze()
 }
 
 fn classic_args(member_id: &str, owned: &[i32]) -> JoinArgs {
@@ -116,28 +112,27 @@ fn round(g: &mut ConsumerGroup, c: &mut Clients, classic: &[&str], modern: &[&st
     let e = env(now, &tp);
     for m in classic {
         let gen = c.epoch[*m];
-        let r = MemberRef {
-            member_id: m,
-            instance_id: None,
-            generation: gen,
-        };
+        let r = dynamic(m, gen);
         match g.classic_heartbeat(&r, now) {
             Ok(()) => continue,
             Err(GroupError::RebalanceInProgress) => {}
             Err(err) => panic!("{m}: {err}"),
         }
         let owned: Vec<i32> = c.owned[*m].iter().copied().collect();
-        let j = g.classic_join(classic_args(m, &owned), &e).unwrap();
+        let j = g
+            .classic_join(
+                classic_args(m, &owned),
+                &e,
+                SESSION_BOUNDS.0,
+                SESSION_BOUNDS.1,
+            )
+            .unwrap();
         assert_eq!(
             j.leader, "",
             "a classic member of a consumer group is a follower"
         );
         assert!(j.members.is_empty());
-        let r = MemberRef {
-            member_id: m,
-            instance_id: None,
-            generation: j.generation,
-        };
+        let r = dynamic(m, j.generation);
         let bytes = g
             .classic_sync(&r, Some("consumer"), Some("cooperative-sticky"), &name, now)
             .unwrap();
@@ -222,11 +217,7 @@ fn a_rolling_upgrade_moves_partitions_without_two_owners() {
     }
     // Stable now: classic heartbeats are answered without a rebalance.
     for m in ["a", "b"] {
-        let r = MemberRef {
-            member_id: m,
-            instance_id: None,
-            generation: 4,
-        };
+        let r = dynamic(m, 4);
         assert_eq!(g.classic_heartbeat(&r, now), Ok(()));
     }
 }
@@ -237,11 +228,7 @@ fn a_classic_member_is_told_to_rejoin_and_fenced_on_a_stale_generation() {
     let (mut g, _) = upgraded(now);
     let tp = topics();
     g.heartbeat(hb("x", 0, vec![]), &env(now, &tp)).unwrap();
-    let at = |generation| MemberRef {
-        member_id: "a",
-        instance_id: None,
-        generation,
-    };
+    let at = |generation| dynamic("a", generation);
     assert_eq!(
         g.classic_heartbeat(&at(3), now),
         Err(GroupError::RebalanceInProgress)
@@ -251,11 +238,7 @@ fn a_classic_member_is_told_to_rejoin_and_fenced_on_a_stale_generation() {
         Err(GroupError::IllegalGeneration(_))
     ));
     // A member using the consumer protocol is not a classic member.
-    let x = MemberRef {
-        member_id: "x",
-        instance_id: None,
-        generation: 4,
-    };
+    let x = dynamic("x", 4);
     assert!(matches!(
         g.classic_heartbeat(&x, now),
         Err(GroupError::UnknownMemberId(_))
@@ -275,17 +258,18 @@ fn a_classic_member_that_does_not_sync_or_rejoin_is_removed_at_its_rebalance_tim
     let tp = topics();
     g.heartbeat(hb("x", 0, vec![]), &env(now, &tp)).unwrap();
     // `a` is told to rejoin and never does; `b` rejoins and never syncs.
-    let a = MemberRef {
-        member_id: "a",
-        instance_id: None,
-        generation: 3,
-    };
+    let a = dynamic("a", 3);
     assert_eq!(
         g.classic_heartbeat(&a, now),
         Err(GroupError::RebalanceInProgress)
     );
-    g.classic_join(classic_args("b", &[2, 3]), &env(now, &tp))
-        .unwrap();
+    g.classic_join(
+        classic_args("b", &[2, 3]),
+        &env(now, &tp),
+        SESSION_BOUNDS.0,
+        SESSION_BOUNDS.1,
+    )
+    .unwrap();
     // Both keep heartbeating (sessions alive); the deadlines are the rebalance timeout.
     let later = now + Duration::from_millis(9_000);
     assert!(g.tick(later).is_empty());
@@ -370,18 +354,23 @@ fn a_classic_join_with_foreign_protocols_is_inconsistent() {
     let mut args = classic_args("", &[]);
     args.protocols = vec![("range".into(), subscription(&[]))];
     assert!(matches!(
-        g.classic_join(args, &env(now, &tp)),
+        g.classic_join(args, &env(now, &tp), SESSION_BOUNDS.0, SESSION_BOUNDS.1),
         Err(GroupError::InconsistentGroupProtocol(_))
     ));
     let mut args = classic_args("", &[]);
     args.protocol_type = "connect".into();
     assert!(matches!(
-        g.classic_join(args, &env(now, &tp)),
+        g.classic_join(args, &env(now, &tp), SESSION_BOUNDS.0, SESSION_BOUNDS.1),
         Err(GroupError::InconsistentGroupProtocol(_))
     ));
     // A dynamic member without an id is given one first (KIP-394), as in a classic group.
     let j = g
-        .classic_join(classic_args("", &[]), &env(now, &tp))
+        .classic_join(
+            classic_args("", &[]),
+            &env(now, &tp),
+            SESSION_BOUNDS.0,
+            SESSION_BOUNDS.1,
+        )
         .unwrap();
     assert_eq!(j.error, Some(GroupError::MemberIdRequired));
     assert!(!g.members.contains_key(&j.member_id));

@@ -110,20 +110,15 @@ pub async fn join_group(
 fn join_consumer_group(s: &Rc<Shard>, gid: &str, group: &Group, args: JoinArgs) -> JoinResult {
     let member_id = args.member_id.clone();
     let cfg = &s.groups.config;
-    if args.session_timeout_ms < cfg.min_session_timeout_ms
-        || args.session_timeout_ms > cfg.max_session_timeout_ms
-    {
-        let e = GroupError::InvalidSessionTimeout {
-            got: args.session_timeout_ms,
-            min: cfg.min_session_timeout_ms,
-            max: cfg.max_session_timeout_ms,
-        };
-        return JoinResult::error(e, &member_id);
-    }
     with_env(s, gid, |env, _| {
         let mut kind = group.kind.borrow_mut();
         match &mut *kind {
-            GroupKind::Consumer(c) => c.classic_join(args, env),
+            GroupKind::Consumer(c) => c.classic_join(
+                args,
+                env,
+                cfg.min_session_timeout_ms,
+                cfg.max_session_timeout_ms,
+            ),
             GroupKind::Classic(_) => unreachable!("checked by the caller, on this thread"),
         }
     })
@@ -198,30 +193,29 @@ pub async fn sync_group(
                 .iter()
                 .map(|a| (a.member_id.to_string(), a.assignment.clone()))
                 .collect();
+            let member = MemberRef {
+                member_id: &member_id,
+                instance_id: instance.as_deref(),
+                generation: req.generation_id,
+            };
+            let (protocol_type, protocol_name) =
+                (req.protocol_type.as_deref(), req.protocol_name.as_deref());
             let reply = {
                 let mut kind = group.kind.borrow_mut();
                 match &mut *kind {
                     GroupKind::Classic(c) => c.sync(
-                        MemberRef {
-                            member_id: &member_id,
-                            instance_id: instance.as_deref(),
-                            generation: req.generation_id,
-                        },
-                        req.protocol_type.as_deref(),
-                        req.protocol_name.as_deref(),
+                        member,
+                        protocol_type,
+                        protocol_name,
                         assignments,
                         Instant::now(),
                     ),
                     GroupKind::Consumer(c) => Reply::Now(sync_in_consumer_group(
                         &s,
                         c,
-                        &MemberRef {
-                            member_id: &member_id,
-                            instance_id: instance.as_deref(),
-                            generation: req.generation_id,
-                        },
-                        req.protocol_type.as_deref(),
-                        req.protocol_name.as_deref(),
+                        &member,
+                        protocol_type,
+                        protocol_name,
                     )),
                 }
             };
@@ -300,24 +294,15 @@ pub async fn heartbeat(shard: &Rc<Shard>, req: HeartbeatRequest) -> HeartbeatRes
             };
             let member_id = req.member_id.to_string();
             let instance = req.group_instance_id.as_ref().map(|i| i.to_string());
+            let member = MemberRef {
+                member_id: &member_id,
+                instance_id: instance.as_deref(),
+                generation: req.generation_id,
+            };
             let mut kind = group.kind.borrow_mut();
             match &mut *kind {
-                GroupKind::Classic(c) => c.heartbeat(
-                    MemberRef {
-                        member_id: &member_id,
-                        instance_id: instance.as_deref(),
-                        generation: req.generation_id,
-                    },
-                    Instant::now(),
-                ),
-                GroupKind::Consumer(c) => c.classic_heartbeat(
-                    &MemberRef {
-                        member_id: &member_id,
-                        instance_id: instance.as_deref(),
-                        generation: req.generation_id,
-                    },
-                    Instant::now(),
-                ),
+                GroupKind::Classic(c) => c.heartbeat(member, Instant::now()),
+                GroupKind::Consumer(c) => c.classic_heartbeat(&member, Instant::now()),
             }
         })
         .await

@@ -36,13 +36,15 @@ pub(super) fn with_consumer<R>(
         unreachable!("converted above")
     };
     let r = f(c);
-    downgrade_if_due(
-        &group.id,
-        &mut kind,
-        &s.catalog.snapshot(),
-        s.groups.config.initial_rebalance_delay_ms,
-        Instant::now(),
-    );
+    if c.downgrade_due() {
+        downgrade_if_due(
+            &group.id,
+            &mut kind,
+            &s.catalog.snapshot(),
+            s.groups.config.initial_rebalance_delay_ms,
+            Instant::now(),
+        );
+    }
     r
 }
 
