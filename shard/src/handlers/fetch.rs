@@ -21,7 +21,7 @@ use crate::shard::Shard;
 /// `fetch.max.bytes` at its default (55 MiB; read-only in Kafka, a constant here). Clients ask
 /// for 50 MiB by default (librdkafka's and the Java client's `fetch.max.bytes`), so only a
 /// request asking for more is cut.
-pub const FETCH_MAX_BYTES: usize = 57_671_680;
+const FETCH_MAX_BYTES: usize = 57_671_680;
 
 #[derive(Clone)]
 struct PartRead {
