@@ -219,3 +219,41 @@ def test_pipelined_produce_across_shards_with_reads_between(broker, acks):
         s.sendall(list_offsets_v1(1, topic, partitions))
         _, ends = parse_list_offsets_v1(kwire.recv_frame(s))
         assert {q: off for q, (_, off) in ends.items()} == dict(enumerate(sent))
+
+
+def test_answers_ready_are_not_held_behind_a_long_poll(broker):
+    """Five Produce requests and then a Fetch that long-polls (3 s, at the log end) are sent in
+    one write. The broker writes answers that are ready together, but none may wait in its
+    buffer for a later request: every Produce answer arrives well before the Fetch's, in
+    request order, and the Fetch's after its wait."""
+    import kwire
+    topic = unique_topic("held")
+    create_topic(broker.bootstrap, topic, 1)
+    version = kwire.pick_produce_version(kwire.api_versions(broker))
+    n = 5
+    frames = b"".join(
+        kwire.produce_request(version, i, topic, 0,
+                              kwire.record_batch([(None, value_for("held", i))]), acks=1)
+        for i in range(n))
+    wait_ms = 3000
+    # Fetch v4: replica -1, max wait, min 1 byte, max 1 MiB, read_uncommitted; partition 0
+    # at offset n, the end of the log once the five batches are stored.
+    fetch = (struct.pack(">iiiib", -1, wait_ms, 1, 1 << 20, 0) + struct.pack(">i", 1)
+             + kwire.string(topic) + struct.pack(">i", 1) + struct.pack(">iqi", 0, n, 1 << 20))
+    frames += kwire.request(1, 4, n, fetch)
+    with kwire.connect(broker, timeout=30) as s:
+        sent = time.monotonic()
+        s.sendall(frames)
+        answers = []
+        for _ in range(n):
+            answers.append(kwire.parse_produce_response(version, kwire.recv_frame(s)))
+        produced_after = time.monotonic() - sent
+        (corr,) = struct.unpack_from(">i", kwire.recv_frame(s), 0)
+        fetched_after = time.monotonic() - sent
+    assert [a[0] for a in answers] == list(range(n)), "answers out of request order"
+    assert [a[3] for a in answers] == [0] * n, answers
+    assert [a[4] for a in answers] == list(range(n)), "offsets not in send order"
+    assert produced_after < 1.5, (
+        f"the Produce answers took {produced_after:.2f} s: held behind the long-polling Fetch")
+    assert corr == n
+    assert fetched_after >= wait_ms / 1000 - 0.2, f"the Fetch answered after {fetched_after:.2f} s"

@@ -13,8 +13,10 @@
 //! producer whose partition lives on another shard paid one cross-shard round trip per
 //! request. Any other request waits until every earlier request is done. Responses leave in
 //! request order: each request runs as its own task and the writer awaits those tasks in
-//! arrival order. At most [`MAX_IN_FLIGHT`] requests per connection are in progress; beyond
-//! that the reader waits.
+//! arrival order. Answers that are ready one after another are gathered and written with one
+//! `send`; the writer writes out what it gathered before it waits for anything, so no answer
+//! waits for a later request. At most [`MAX_IN_FLIGHT`] requests per connection are in
+//! progress; beyond that the reader waits.
 //!
 //! Record sets that are slices of a segment mapping (`kaas_storage::resident::with_file_backing`)
 //! are written with `sendfile`, so the kernel hands page-cache pages to the socket and the
@@ -40,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use futures::FutureExt;
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::Task;
@@ -90,14 +93,34 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     let (tx, rx) = local_channel::new_bounded::<Task<Served>>(MAX_IN_FLIGHT);
     let probe = shard.probe.clone();
     let writer_task = glommio::spawn_local(async move {
-        let mut writer = writer;
+        let mut writer = futures::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
         let mut broken = false;
-        while let Some(task) = rx.recv().await {
-            let served = task.await;
+        loop {
+            // Responses already answered go out together: a producer with requests in flight
+            // had each one-batch answer sent with its own `send`, and every `send` on a TCP
+            // socket runs the stack (on loopback, the receiver's half too). Nothing waits in
+            // the buffer: it is flushed before the writer waits for a request or an answer.
+            let task = match rx.recv().now_or_never() {
+                Some(task) => task,
+                None => {
+                    broken |= flush(&mut writer, socket, broken).await;
+                    rx.recv().await
+                }
+            };
+            let Some(mut task) = task else { break };
+            let served = match (&mut task).now_or_never() {
+                Some(served) => served,
+                None => {
+                    broken |= flush(&mut writer, socket, broken).await;
+                    task.await
+                }
+            };
             if broken {
                 continue;
             }
             if served.close {
+                // What was answered before it still goes out.
+                let _ = writer.flush().await;
                 // SAFETY: shutdown of this connection's socket, which is open; the reader
                 // then sees the end and stops taking requests.
                 unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
@@ -110,12 +133,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                     .await
                     .is_err()
                 {
-                    // The frame is cut short: nothing more can be sent on this connection.
-                    // Shut it down both ways, so the client sees it close (and retries
-                    // elsewhere) and the reader stops taking requests, rather than leaving a
-                    // half frame on a live connection until the client's timeout.
-                    // SAFETY: shutdown of this connection's socket, which is open.
-                    unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
+                    cut_short(socket);
                     broken = true;
                 }
             }
@@ -123,6 +141,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                 probe.record_phase(api_key, SEND, handled);
             }
         }
+        let _ = flush(&mut writer, socket, broken).await;
         let _ = writer.close().await;
     });
     if let Err(reason) = read_loop(&shard, reader, &tx, &client_host).await {
@@ -131,6 +150,32 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
     drop(tx);
     writer_task.await;
     shard.probe.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Bytes of answers a connection gathers before it writes them (see `serve`'s writer).
+const WRITE_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Writes out what the writer gathered unless the connection is already `broken`; says
+/// whether it broke now.
+async fn flush(
+    writer: &mut futures::io::BufWriter<impl futures::io::AsyncWrite + Unpin>,
+    socket: RawFd,
+    broken: bool,
+) -> bool {
+    if broken || writer.buffer().is_empty() || writer.flush().await.is_ok() {
+        return false;
+    }
+    cut_short(socket);
+    true
+}
+
+/// A response frame was cut short: nothing more can be sent on this connection. It is shut
+/// down both ways, so the client sees it close (and retries elsewhere) and the reader stops
+/// taking requests, rather than leaving a half frame on a live connection until the client's
+/// timeout.
+fn cut_short(socket: RawFd) {
+    // SAFETY: shutdown of this connection's socket, which is open.
+    unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
 }
 
 /// Windows of a response that are made ready (a cold one read from disk) while an earlier one
@@ -155,7 +200,7 @@ enum Piece {
 /// page first. Otherwise, and when a window cannot be read that way, it is sent with
 /// `sendfile` as any other ([`send_file`]), and stays in the page cache for the next reader.
 async fn write_frame(
-    writer: &mut (impl AsyncWriteExt + Unpin),
+    writer: &mut futures::io::BufWriter<impl futures::io::AsyncWrite + Unpin>,
     socket: RawFd,
     zero_copy: bool,
     frame: &ResponseFrame,
@@ -196,7 +241,11 @@ async fn write_frame(
     while let Some(piece) = ready.try_next().await? {
         match piece {
             Piece::Copy(bytes) => writer.write_all(&bytes).await?,
-            Piece::File(window, cached) => send_file(writer, socket, &window, cached).await?,
+            Piece::File(window, cached) => {
+                // `sendfile` writes to the socket itself, after what is gathered before it.
+                writer.flush().await?;
+                send_file(writer.get_mut(), socket, &window, cached).await?
+            }
             Piece::Read(read) => writer.write_all(&read).await?,
         }
     }
