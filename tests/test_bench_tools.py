@@ -95,7 +95,10 @@ def test_host_memory_hold_turns_reporting_off_and_release_restores_it(tmp_path):
         held = host_memory("hold", "--touch-mib", "16", state=state)
         assert held.returncode == 0, held.stderr
         assert state.read_text() == before
-        assert int(open(KNOB).read()) > int(before)
+        # Above the largest order of free blocks, so none is reported (the machine may
+        # already be held by a benchmark, in which case the order stays where it was).
+        largest = len(open("/proc/buddyinfo").readline().split()) - 5
+        assert int(open(KNOB).read()) > largest
         assert "reporting off" in host_memory("status", state=state).stdout
         # A second hold keeps the value saved by the first.
         assert host_memory("hold", "--touch-mib", "0", state=state).returncode == 0
