@@ -370,6 +370,17 @@ def produce_request(version: int, corr: int, topic: str, partition: int, batch: 
     return request(0, version, corr, body)
 
 
+def fetch_v4_request(corr: int, topic: str, offsets: dict[int, int], partition_max: int,
+                     wait_ms: int = 500) -> bytes:
+    """Fetch v4: replica -1, waiting up to `wait_ms` for 1 byte, max 64 MiB, read_uncommitted;
+    up to `partition_max` bytes of each partition from its offset in `offsets`."""
+    body = struct.pack(">iiiib", -1, wait_ms, 1, 64 << 20, 0)
+    body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", len(offsets))
+    for p, off in offsets.items():
+        body += struct.pack(">iqi", p, off, partition_max)
+    return request(1, 4, corr, body)
+
+
 def parse_produce_response(version: int, frame: bytes) -> tuple[int, str, int, int, int]:
     """Returns (correlation id, topic, partition, error_code, base_offset) of the first
     partition in a Produce response (v3-v12)."""

@@ -27,8 +27,8 @@ import pytest
 from conftest import Broker
 
 from kcheck import create_topic, unique_topic
-from kwire import (connect, crc32c, parse_produce_response, produce_request, read_uvarint,
-                   recv_exact, record_batch, request, string)
+from kwire import (connect, crc32c, fetch_v4_request, parse_produce_response, produce_request,
+                   read_uvarint, recv_exact, record_batch)
 
 PARTITIONS = 4
 BATCHES_PER_PARTITION = 40
@@ -57,17 +57,6 @@ def produce_all(broker, topic: str, partitions: int = PARTITIONS,
             assert (got_corr, err) == (corr, 0), (got_corr, err)
             assert base == b * RECORDS_PER_BATCH, (p, b, base)
     s.close()
-
-
-def fetch_request(corr: int, topic: str, offsets: dict[int, int],
-                  partition_max: int = FETCH_PARTITION_MAX_BYTES) -> bytes:
-    """Fetch v4: replica -1, wait 500 ms, min 1 byte, max 64 MiB, read_uncommitted; up to
-    `partition_max` bytes of each partition."""
-    body = struct.pack(">iiiib", -1, 500, 1, 64 << 20, 0)
-    body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", len(offsets))
-    for p, off in offsets.items():
-        body += struct.pack(">iqi", p, off, partition_max)
-    return request(1, 4, corr, body)
 
 
 def recv_slowly(s: socket.socket, n: int) -> bytes:
@@ -163,7 +152,8 @@ def read_back(s: socket.socket, topic: str, end: int, recv=recv_exact) -> int:
     while any(o < end for o in offsets.values()):
         assert time.monotonic() < deadline, f"not read back in time: {offsets}"
         corr += 1
-        s.sendall(fetch_request(corr, topic, {p: o for p, o in offsets.items() if o < end}))
+        s.sendall(fetch_v4_request(corr, topic, {p: o for p, o in offsets.items() if o < end},
+                                    FETCH_PARTITION_MAX_BYTES))
         (size,) = struct.unpack(">i", recv_exact(s, 4))
         frame = recv(s, size)
         assert struct.unpack_from(">i", frame)[0] == corr
@@ -195,7 +185,7 @@ def test_a_segment_cut_under_a_reader_closes_the_connection(broker_factory):
     os.truncate(first, first.stat().st_size - 100)
 
     s = connect(b, timeout=15)
-    s.sendall(fetch_request(1, topic, {0: 0}))
+    s.sendall(fetch_v4_request(1, topic, {0: 0}, FETCH_PARTITION_MAX_BYTES))
     started = time.monotonic()
     (size,) = struct.unpack(">i", recv_exact(s, 4))
     got = 0
@@ -389,7 +379,8 @@ def test_a_consumer_reading_from_a_slow_disk_does_not_stall_the_shard(tmp_path, 
                 corr = 0
                 while read["offset"] < end:
                     corr += 1
-                    s.sendall(fetch_request(corr, history, {p: read["offset"]}))
+                    s.sendall(fetch_v4_request(corr, history, {p: read["offset"]},
+                                                    FETCH_PARTITION_MAX_BYTES))
                     (size,) = struct.unpack(">i", recv_exact(s, 4))
                     frame = recv_slowly(s, size)
                     err, records = parse_fetch_v4(frame)[p]
@@ -515,7 +506,7 @@ def test_reading_many_partitions_history_keeps_the_mapped_pages_bounded(broker_f
         while any(off < end for off in offsets.values()):
             corr += 1
             wanted = {p: off for p, off in offsets.items() if off < end}
-            s.sendall(fetch_request(corr, topic, wanted, partition_max))
+            s.sendall(fetch_v4_request(corr, topic, wanted, partition_max))
             (size,) = struct.unpack(">i", recv_exact(s, 4))
             assert size <= len(buf), size
             got = 0

@@ -236,11 +236,8 @@ def test_answers_ready_are_not_held_behind_a_long_poll(broker):
                               kwire.record_batch([(None, value_for("held", i))]), acks=1)
         for i in range(n))
     wait_ms = 3000
-    # Fetch v4: replica -1, max wait, min 1 byte, max 1 MiB, read_uncommitted; partition 0
-    # at offset n, the end of the log once the five batches are stored.
-    fetch = (struct.pack(">iiiib", -1, wait_ms, 1, 1 << 20, 0) + struct.pack(">i", 1)
-             + kwire.string(topic) + struct.pack(">i", 1) + struct.pack(">iqi", 0, n, 1 << 20))
-    frames += kwire.request(1, 4, n, fetch)
+    # Partition 0 at offset n: the end of the log once the five batches are stored.
+    frames += kwire.fetch_v4_request(n, topic, {0: n}, 1 << 20, wait_ms=wait_ms)
     with kwire.connect(broker, timeout=30) as s:
         sent = time.monotonic()
         s.sendall(frames)

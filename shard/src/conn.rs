@@ -100,21 +100,9 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
             // had each one-batch answer sent with its own `send`, and every `send` on a TCP
             // socket runs the stack (on loopback, the receiver's half too). Nothing waits in
             // the buffer: it is flushed before the writer waits for a request or an answer.
-            let task = match rx.recv().now_or_never() {
-                Some(task) => task,
-                None => {
-                    broken |= flush(&mut writer, socket, broken).await;
-                    rx.recv().await
-                }
-            };
-            let Some(mut task) = task else { break };
-            let served = match (&mut task).now_or_never() {
-                Some(served) => served,
-                None => {
-                    broken |= flush(&mut writer, socket, broken).await;
-                    task.await
-                }
-            };
+            let next = flushed_before_waiting(rx.recv(), &mut writer, socket, &mut broken);
+            let Some(task) = next.await else { break };
+            let served = flushed_before_waiting(task, &mut writer, socket, &mut broken).await;
             if broken {
                 continue;
             }
@@ -141,7 +129,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, _permit: ConnPermit) {
                 probe.record_phase(api_key, SEND, handled);
             }
         }
-        let _ = flush(&mut writer, socket, broken).await;
+        // Writes out what is gathered, then closes.
         let _ = writer.close().await;
     });
     if let Err(reason) = read_loop(&shard, reader, &tx, &client_host).await {
@@ -167,6 +155,22 @@ async fn flush(
     }
     cut_short(socket);
     true
+}
+
+/// `fut`'s output. If it is not there at once, what the writer gathered goes out first (see
+/// [`flush`]), so no answer waits in the buffer while the writer waits.
+async fn flushed_before_waiting<T>(
+    fut: impl std::future::Future<Output = T>,
+    writer: &mut futures::io::BufWriter<impl futures::io::AsyncWrite + Unpin>,
+    socket: RawFd,
+    broken: &mut bool,
+) -> T {
+    let mut fut = std::pin::pin!(fut);
+    if let Some(out) = fut.as_mut().now_or_never() {
+        return out;
+    }
+    *broken |= flush(writer, socket, *broken).await;
+    fut.await
 }
 
 /// A response frame was cut short: nothing more can be sent on this connection. It is shut

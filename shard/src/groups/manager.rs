@@ -158,11 +158,12 @@ async fn write_settled(group: &Rc<Group>) -> Result<(), GroupError> {
 /// Kafka's online downgrade: when the last member using the consumer protocol has left a
 /// KIP-848 group that still has classic members, the group becomes a classic group at its
 /// group epoch, each member holding its target assignment, and rebalances
-/// (`kaas_groups::consumer` has the rules). Returns whether it did.
+/// (`kaas_groups::consumer` has the rules). `topic_name` names the topics of the members'
+/// assignments, and is called only when the downgrade happens. Returns whether it did.
 pub fn downgrade_if_due(
     group_id: &str,
     kind: &mut GroupKind,
-    catalog: &TopicTable,
+    topic_name: &dyn Fn(uuid::Uuid) -> Option<String>,
     initial_delay_ms: u64,
     now: Instant,
 ) -> bool {
@@ -172,7 +173,7 @@ pub fn downgrade_if_due(
     if !c.downgrade_due() {
         return false;
     }
-    let stored = c.downgrade(&|id| catalog.by_id(id).map(|t| t.name.clone()));
+    let stored = c.downgrade(topic_name);
     let members = stored.members.len();
     *kind = GroupKind::Classic(ClassicGroup::downgraded(
         group_id,
@@ -815,7 +816,7 @@ impl GroupManager {
             downgrade_if_due(
                 &g.id,
                 &mut kind,
-                catalog,
+                &|id| catalog.by_id(id).map(|t| t.name.clone()),
                 self.config.initial_rebalance_delay_ms,
                 now,
             );

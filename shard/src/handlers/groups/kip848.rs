@@ -36,15 +36,13 @@ pub(super) fn with_consumer<R>(
         unreachable!("converted above")
     };
     let r = f(c);
-    if c.downgrade_due() {
-        downgrade_if_due(
-            &group.id,
-            &mut kind,
-            &s.catalog.snapshot(),
-            s.groups.config.initial_rebalance_delay_ms,
-            Instant::now(),
-        );
-    }
+    downgrade_if_due(
+        &group.id,
+        &mut kind,
+        &|id| s.catalog.snapshot().by_id(id).map(|t| t.name.clone()),
+        s.groups.config.initial_rebalance_delay_ms,
+        Instant::now(),
+    );
     r
 }
 
