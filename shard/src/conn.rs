@@ -211,6 +211,14 @@ async fn write_frame(
 ) -> std::io::Result<()> {
     use futures::stream::{self, StreamExt, TryStreamExt};
     const WINDOW: usize = kaas_storage::direct::WINDOW_BYTES;
+    if !(zero_copy && frame.chunks.iter().any(sendfile_worth)) {
+        // Every answer but a Fetch's: nothing to prepare, so no stream of windows to build
+        // (three allocations per answer).
+        for chunk in &frame.chunks {
+            writer.write_all(chunk).await?;
+        }
+        return Ok(());
+    }
     let pieces = frame.chunks.iter().flat_map(|chunk| {
         let file = zero_copy && sendfile_worth(chunk);
         let windows = if file {
@@ -544,13 +552,13 @@ async fn read_loop<R: futures::io::AsyncRead + Unpin>(
 /// The [`Effects`] of a connection's dispatched requests that may still be under way.
 #[derive(Default)]
 struct Gates {
-    /// The last request's order step: every earlier request's has opened before it was
+    /// The last request's: every earlier request's order step has opened before it was
     /// dispatched, so this one alone says whether a Produce may go next.
-    ordered: Option<futures::channel::oneshot::Receiver<()>>,
-    /// The done steps not yet seen open, oldest first. A Produce may be dispatched while its
+    last: Option<Effects>,
+    /// Those not yet seen done, oldest first. A Produce may be dispatched while its
     /// predecessors' appends are under way, so "the last request is done" does not mean
     /// "every request is"; any other request waits for all of these.
-    done: std::collections::VecDeque<futures::channel::oneshot::Receiver<()>>,
+    open: std::collections::VecDeque<Effects>,
 }
 
 impl Gates {
@@ -559,27 +567,24 @@ impl Gates {
     /// done. A gate that fired and one that was dropped both count as open.
     async fn wait_before(&mut self, produce: bool) {
         if produce {
-            if let Some(ordered) = self.ordered.take() {
-                let _ = ordered.await;
+            if let Some(last) = self.last.take() {
+                last.ordered().await;
             }
-            // Forget those already open, so the list holds only requests still under way.
-            while let Some(front) = self.done.front_mut() {
-                if matches!(front.try_recv(), Ok(None)) {
-                    break;
-                }
-                self.done.pop_front();
+            // Forget those already done, so the list holds only requests still under way.
+            while self.open.front().is_some_and(Effects::is_done) {
+                self.open.pop_front();
             }
         } else {
-            self.ordered = None;
-            while let Some(done) = self.done.pop_front() {
-                let _ = done.await;
+            self.last = None;
+            while let Some(effects) = self.open.pop_front() {
+                effects.done().await;
             }
         }
     }
 
     fn push(&mut self, effects: Effects) {
-        self.ordered = Some(effects.ordered);
-        self.done.push_back(effects.done);
+        self.last = Some(effects.clone());
+        self.open.push_back(effects);
     }
 }
 

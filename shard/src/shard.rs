@@ -103,7 +103,16 @@ pub struct Shard {
     /// Each partition's queue of appends, in the order their requests arrived here (see
     /// [`crate::turns`]).
     pub append_turns: crate::turns::Turns<(Uuid, i32)>,
+    /// The produce rules last resolved, with the topic and the broker configs they came from
+    /// (see [`Shard::produce_rules`]).
+    produce_rules: RefCell<Option<ResolvedRules>>,
 }
+
+type ResolvedRules = (
+    Arc<TopicMeta>,
+    Arc<std::collections::BTreeMap<String, String>>,
+    topic_config::ProduceRules,
+);
 
 /// How many closed logs' outcomes [`Shard::kept_on_handover`] remembers. A write's answer
 /// follows its close within a sync; a thousand handovers on one shard in between is plenty.
@@ -149,7 +158,24 @@ impl Shard {
             claims: crate::leader_claim::ClaimCache::default(),
             stopping: crate::stopping::Stopping::default(),
             append_turns: crate::turns::Turns::default(),
+            produce_rules: RefCell::new(None),
         }
+    }
+
+    /// The produce rules of `meta`'s topic under the broker's configs now. A producer writes
+    /// to one topic request after request, so the last answer is kept: resolving the rules
+    /// looks up seven configs. A changed topic config comes as a new `TopicMeta`, a changed
+    /// broker config as a new map, so comparing the two pointers is enough.
+    pub fn produce_rules(&self, meta: &Arc<TopicMeta>) -> topic_config::ProduceRules {
+        let broker = self.catalog.effective_broker_configs();
+        if let Some((m, b, rules)) = &*self.produce_rules.borrow() {
+            if Arc::ptr_eq(m, meta) && Arc::ptr_eq(b, &broker) {
+                return *rules;
+            }
+        }
+        let rules = topic_config::produce_rules(&meta.configs, &broker);
+        *self.produce_rules.borrow_mut() = Some((meta.clone(), broker, rules));
+        rules
     }
 
     /// Whether the log with `generation` — no longer open: closed since the write, or being

@@ -980,7 +980,6 @@ pub fn log_config(
     }
 }
 
-/// `max.message.bytes` for the topic (no allocation: it is read on every produce).
 /// What a topic's configs ask of every produced batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProduceRules {
@@ -1034,6 +1033,7 @@ fn stored_compression(value: &str) -> kaas_storage::StoredCompression {
     }
 }
 
+/// `max.message.bytes` for the topic.
 pub fn max_message_bytes(
     topic: &BTreeMap<String, String>,
     broker: &BTreeMap<String, String>,

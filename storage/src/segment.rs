@@ -88,7 +88,8 @@ pub fn migrate_legacy_names(dir: &Path) -> Result<usize, StorageError> {
 pub struct Segment {
     pub base_offset: i64,
     pub epoch: i32,
-    pub path: PathBuf,
+    /// Shared, not copied: every append names it for its errors.
+    pub path: Rc<Path>,
     /// Private: replacing it must revoke `sendable` first ([`Segment::replace_file`]).
     file: Rc<BufferedFile>,
     /// Bytes of whole, verified batches; the next append goes here.
@@ -147,7 +148,7 @@ impl Segment {
         Ok(Segment {
             base_offset,
             epoch,
-            path,
+            path: path.into(),
             sendable: resident::sendable(file.as_raw_fd()),
             file: Rc::new(file),
             size: 0,
@@ -274,7 +275,7 @@ impl Segment {
             Segment {
                 base_offset,
                 epoch,
-                path,
+                path: path.into(),
                 sendable: resident::sendable(file.as_raw_fd()),
                 file: Rc::new(file),
                 size: valid,
@@ -304,7 +305,7 @@ impl Segment {
         Ok(Segment {
             base_offset,
             epoch,
-            path,
+            path: path.into(),
             sendable: resident::sendable(file.as_raw_fd()),
             file: Rc::new(file),
             size,

@@ -961,27 +961,49 @@ fn a_multi_batch_append_rewrites_offsets_and_epochs_only_on_disk() {
         let log = PartitionLog::open(path.clone(), LogConfig::default(), LeaderEpoch(4))
             .await
             .unwrap();
-        let mut set = Vec::new();
-        for n in [3usize, 1, 2] {
-            let values: Vec<Vec<u8>> = (0..n).map(|i| vec![b'a' + i as u8; 100]).collect();
-            let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
-            set.extend(batch(BatchSpec::default(), &refs));
-        }
-        let before = set.clone();
-        let out = append_at(&log, &set, 4).await;
-        assert_eq!(
-            out,
-            AppendOutcome::Appended {
-                base_offset: 0,
-                last_offset: 5
+        // Three batches, and then seven: the inline write keeps up to four batches' rewritten
+        // heads on the stack and allocates for more.
+        let mut next = 0i64;
+        for sizes in [&[3usize, 1, 2][..], &[1, 2, 1, 3, 1, 1, 2]] {
+            let mut set = Vec::new();
+            for &n in sizes {
+                let values: Vec<Vec<u8>> = (0..n).map(|i| vec![b'a' + i as u8; 100]).collect();
+                let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+                set.extend(batch(BatchSpec::default(), &refs));
             }
-        );
-        assert_eq!(set, before, "the request's bytes are not modified");
-        let r = log.read(0, 1 << 20).await.unwrap();
-        let hs = verify_produced_record_set(&r.records).unwrap();
-        let bases: Vec<i64> = hs.iter().map(|h| h.base_offset).collect();
-        assert_eq!(bases, [0, 3, 4]);
-        assert!(hs.iter().all(|h| h.partition_leader_epoch == 4), "{hs:?}");
+            let before = set.clone();
+            let records: i64 = sizes.iter().map(|&n| n as i64).sum();
+            let out = append_at(&log, &set, 4).await;
+            assert_eq!(
+                out,
+                AppendOutcome::Appended {
+                    base_offset: next,
+                    last_offset: next + records - 1
+                }
+            );
+            assert_eq!(set, before, "the request's bytes are not modified");
+            let r = log.read(next, 1 << 20).await.unwrap();
+            let hs = verify_produced_record_set(&r.records).unwrap();
+            let bases: Vec<i64> = hs.iter().map(|h| h.base_offset).collect();
+            let expected: Vec<i64> = sizes
+                .iter()
+                .scan(next, |at, &n| {
+                    let base = *at;
+                    *at += n as i64;
+                    Some(base)
+                })
+                .collect();
+            assert_eq!(bases, expected);
+            assert!(hs.iter().all(|h| h.partition_leader_epoch == 4), "{hs:?}");
+            // What was written is the request's bytes but for each batch's first 16.
+            let mut at = 0;
+            for h in &hs {
+                let len = h.total_len();
+                assert_eq!(r.records[at + 16..at + len], before[at + 16..at + len]);
+                at += len;
+            }
+            next += records;
+        }
     });
 }
 

@@ -58,6 +58,9 @@ pub(crate) mod authorized {
     }
 }
 
+use std::cell::Cell;
+use std::task::{Context, Poll, Waker};
+
 use futures::future::LocalBoxFuture;
 
 use crate::catalog::TopicMeta;
@@ -73,48 +76,85 @@ use crate::shard::Shard;
 /// its appends queue behind these (`crate::turns`); any other request still waits until the
 /// Produce is answered, so that what it reads includes the appends.
 pub struct EffectGate {
-    ordered: Option<futures::channel::oneshot::Sender<()>>,
-    done: Option<futures::channel::oneshot::Sender<()>>,
+    state: Rc<GateState>,
 }
 
-/// The connection's side of an [`EffectGate`]: each receiver resolves (with `Ok` or
-/// `Canceled`, both meaning open) when that step of the gate opens.
+/// What a request's handler and its connection share about the request's effects: one
+/// allocation per request, on the shard both run on.
+#[derive(Default)]
+struct GateState {
+    ordered: Cell<bool>,
+    done: Cell<bool>,
+    /// The connection's task, waiting for a step to open.
+    waiting: Cell<Option<Waker>>,
+}
+
+/// The connection's side of an [`EffectGate`]: whether each step has opened.
+#[derive(Clone)]
 pub struct Effects {
-    pub ordered: futures::channel::oneshot::Receiver<()>,
-    pub done: futures::channel::oneshot::Receiver<()>,
+    state: Rc<GateState>,
 }
 
 impl EffectGate {
-    /// A gate and the receivers that resolve when it opens.
+    /// A gate and the connection's view of it.
     pub fn new() -> (EffectGate, Effects) {
-        let (ordered_tx, ordered) = futures::channel::oneshot::channel();
-        let (done_tx, done) = futures::channel::oneshot::channel();
+        let state = Rc::new(GateState::default());
         (
             EffectGate {
-                ordered: Some(ordered_tx),
-                done: Some(done_tx),
+                state: state.clone(),
             },
-            Effects { ordered, done },
+            Effects { state },
         )
     }
 
     /// The request's appends are queued in order on their owners: the connection may dispatch
     /// its next Produce now.
     pub fn release_order(&mut self) {
-        if let Some(tx) = self.ordered.take() {
-            let _ = tx.send(());
+        if !self.state.ordered.replace(true) {
+            self.state.wake();
         }
     }
 }
 
 impl Drop for EffectGate {
-    /// The request is done: the connection may dispatch its next request, whatever it is.
+    /// The request is done (or abandoned): the connection may dispatch its next request,
+    /// whatever it is.
     fn drop(&mut self) {
-        // Order first, so that whoever waits for `done` finds `ordered` open too.
-        self.release_order();
-        if let Some(tx) = self.done.take() {
-            let _ = tx.send(());
+        self.state.ordered.set(true);
+        self.state.done.set(true);
+        self.state.wake();
+    }
+}
+
+impl GateState {
+    fn wake(&self) {
+        if let Some(waker) = self.waiting.take() {
+            waker.wake();
         }
+    }
+
+    fn poll_open(&self, step: &Cell<bool>, cx: &mut Context<'_>) -> Poll<()> {
+        if step.get() {
+            return Poll::Ready(());
+        }
+        self.waiting.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
+impl Effects {
+    /// Resolves once the request's effects are queued in order (or it is done).
+    pub async fn ordered(&self) {
+        std::future::poll_fn(|cx| self.state.poll_open(&self.state.ordered, cx)).await;
+    }
+
+    /// Resolves once the request is done.
+    pub async fn done(&self) {
+        std::future::poll_fn(|cx| self.state.poll_open(&self.state.done, cx)).await;
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state.done.get()
     }
 }
 
@@ -484,6 +524,18 @@ where
     Fut: Future<Output = R> + 'static,
 {
     let n = items.len();
+    if n == 1 {
+        // One partition, as every request of librdkafka's sticky partitioner carries: no
+        // grouping, no per-item box and no stream to run one future (a dozen allocations per
+        // request; bench/README.md, twenty-third session).
+        let (target, item) = items.into_iter().next().expect("one item");
+        let reply = dispatch(shard, target, move |s: Rc<Shard>| f(s, item)).await;
+        let result: LocalBoxFuture<'static, Option<R>> = match reply {
+            Some(reply) => Box::pin(reply.get()),
+            None => Box::pin(std::future::ready(None)),
+        };
+        return Dispatched::One(result);
+    }
     let mut groups: Vec<Vec<(usize, I)>> = (0..shard.nshards).map(|_| Vec::new()).collect();
     for (i, (target, item)) in items.into_iter().enumerate() {
         groups[target].push((i, item));
@@ -525,27 +577,34 @@ where
         };
         calls.push((indices, results));
     }
-    Dispatched { n, calls }
+    Dispatched::Many { n, calls }
 }
 
 /// One owner's results, by item index; `None` when that shard is gone.
 type ShardResults<R> = LocalBoxFuture<'static, Option<Vec<(usize, R)>>>;
 
 /// Items queued on their owning shards by [`dispatch_per_partition`], their results to come.
-pub(crate) struct Dispatched<R> {
-    n: usize,
-    /// Per owner: the indices of its items, and their results.
-    calls: Vec<(Vec<usize>, ShardResults<R>)>,
+pub(crate) enum Dispatched<R> {
+    /// A single item's result (`None` when its shard is gone).
+    One(LocalBoxFuture<'static, Option<R>>),
+    Many {
+        n: usize,
+        /// Per owner: the indices of its items, and their results.
+        calls: Vec<(Vec<usize>, ShardResults<R>)>,
+    },
 }
 
 impl<R: Clone> Dispatched<R> {
     /// Every item's result, in input order; `lost` for an item whose shard is gone.
     pub(crate) async fn results(self, lost: R) -> Vec<R> {
-        let calls = self
-            .calls
+        let (n, calls) = match self {
+            Dispatched::One(result) => return vec![result.await.unwrap_or(lost)],
+            Dispatched::Many { n, calls } => (n, calls),
+        };
+        let calls = calls
             .into_iter()
             .map(|(indices, results)| async move { (indices, results.await) });
-        let mut out: Vec<Option<R>> = (0..self.n).map(|_| None).collect();
+        let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
         for (indices, results) in futures::future::join_all(calls).await {
             match results {
                 Some(rs) => {
@@ -563,6 +622,50 @@ impl<R: Clone> Dispatched<R> {
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| lost.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod effect_gate_tests {
+    use super::*;
+    use futures::FutureExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Count(AtomicUsize);
+    impl futures::task::ArcWake for Count {
+        fn wake_by_ref(arc: &Arc<Self>) {
+            arc.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    // A Produce opens the order step first (the connection may send the next Produce) and the
+    // done step when it returns; the waiting connection is woken each time; a gate dropped
+    // without releasing (an abandoned request) opens both.
+    #[test]
+    fn the_order_step_opens_before_the_done_step_and_a_dropped_gate_opens_both() {
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = futures::task::waker(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+
+        let (mut gate, effects) = EffectGate::new();
+        let mut ordered = std::pin::pin!(effects.ordered());
+        assert!(ordered.as_mut().poll(&mut cx).is_pending());
+        gate.release_order();
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        assert!(ordered.as_mut().poll(&mut cx).is_ready());
+        let mut done = std::pin::pin!(effects.done());
+        assert!(done.as_mut().poll(&mut cx).is_pending());
+        assert!(!effects.is_done());
+        drop(gate);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 2);
+        assert!(done.as_mut().poll(&mut cx).is_ready());
+        assert!(effects.is_done());
+
+        let (gate, effects) = EffectGate::new();
+        drop(gate);
+        assert!(effects.ordered().now_or_never().is_some());
+        assert!(effects.done().now_or_never().is_some());
     }
 }
 

@@ -17,7 +17,6 @@ use super::{dispatch_per_partition, resolve_topic, EffectGate};
 use crate::catalog::TopicMeta;
 use crate::errors;
 use crate::shard::Shard;
-use crate::topic_config;
 
 /// A partition's share of a produce request: topic, partition index, record set.
 type PartitionWork = (Arc<TopicMeta>, i32, Bytes);
@@ -272,8 +271,7 @@ async fn append_partition(
         note_unstored(code);
         refuse(code)
     };
-    let rules =
-        topic_config::produce_rules(&meta.configs, &shard.catalog.effective_broker_configs());
+    let rules = shard.produce_rules(&meta);
     if headers
         .iter()
         .any(|h| h.total_len() > rules.max_batch_bytes)
@@ -285,7 +283,8 @@ async fn append_partition(
         headers,
         &rules,
         now_ms(),
-        &format!("{}-{partition}", meta.name),
+        // Named only in a refusal's message: formatted then, not for every append.
+        &format_args!("{}-{partition}", meta.name),
     ) {
         Ok(checked) => checked,
         Err(refusal) => {

@@ -60,7 +60,7 @@ pub fn check(
     headers: Vec<BatchHeader>,
     rules: &ProduceRules,
     now_ms: i64,
-    partition: &str,
+    partition: &dyn std::fmt::Display,
 ) -> Result<(Bytes, Vec<BatchHeader>), Refusal> {
     refuse_batch_kinds(&headers, partition)?;
     let walked = walk(&records, &headers, rules, now_ms, partition)?;
@@ -118,20 +118,22 @@ pub fn check(
     Ok(correct_newest(records, headers, &walked.newest))
 }
 
-/// The record set with the batches `converted` holds in place of the producer's (those the
-/// topic's `compression.type` recompressed), or `None` when none was.
+/// The record set with the batches `converted` holds (by batch index) in place of the
+/// producer's (those the topic's `compression.type` recompressed), or `None` when none was.
 fn recompressed(
     records: &[u8],
     headers: &[BatchHeader],
-    converted: Vec<Option<Vec<u8>>>,
+    converted: Vec<(usize, Vec<u8>)>,
 ) -> Option<(Bytes, Vec<BatchHeader>)> {
-    if converted.iter().all(Option::is_none) {
+    if converted.is_empty() {
         return None;
     }
+    let mut converted = converted.into_iter().peekable();
     let mut out = Vec::with_capacity(records.len());
     let mut out_headers = Vec::with_capacity(headers.len());
     let mut at = 0;
-    for (h, new) in headers.iter().zip(converted) {
+    for (i, h) in headers.iter().enumerate() {
+        let new = converted.next_if(|(j, _)| *j == i).map(|(_, batch)| batch);
         match new {
             Some(batch) => {
                 // Built and sealed by us: its header is read, not verified again.
@@ -149,7 +151,10 @@ fn recompressed(
 }
 
 /// Control and transactional batches, which no client of kaas may write.
-fn refuse_batch_kinds(headers: &[BatchHeader], partition: &str) -> Result<(), Refusal> {
+fn refuse_batch_kinds(
+    headers: &[BatchHeader],
+    partition: &dyn std::fmt::Display,
+) -> Result<(), Refusal> {
     if headers.iter().any(BatchHeader::is_control) {
         return Err(Refusal {
             code: errors::INVALID_RECORD,
@@ -169,16 +174,21 @@ fn refuse_batch_kinds(headers: &[BatchHeader], partition: &str) -> Result<(), Re
     Ok(())
 }
 
-/// What walking a record set's records found; positions are over the whole record set.
+/// What walking a record set's records found; positions are over the whole record set. Each
+/// list holds only what needs acting on, so that the usual record set (one batch, correct, as
+/// produced) is checked without an allocation.
 struct Walked {
+    /// Records without a key, collected only where keys are required.
     keyless: Vec<i32>,
     /// CreateTime records outside the topic's window, and the first one's timestamp.
     late: Vec<i32>,
     first_late: Option<i64>,
-    /// Each batch's newest record timestamp.
-    newest: Vec<i64>,
-    /// Each batch rebuilt with the topic's `compression.type`, where it differs.
-    recompressed: Vec<Option<Vec<u8>>>,
+    /// By batch index, the newest record timestamp of each batch whose header may state
+    /// another: one whose header says otherwise, and one rebuilt below.
+    newest: Vec<(usize, i64)>,
+    /// By batch index, each batch rebuilt with the topic's `compression.type`, where it
+    /// differs.
+    recompressed: Vec<(usize, Vec<u8>)>,
 }
 
 fn walk(
@@ -186,18 +196,18 @@ fn walk(
     headers: &[BatchHeader],
     rules: &ProduceRules,
     now_ms: i64,
-    partition: &str,
+    partition: &dyn std::fmt::Display,
 ) -> Result<Walked, Refusal> {
     let mut found = Walked {
         keyless: Vec::new(),
         late: Vec::new(),
         first_late: None,
-        newest: Vec::with_capacity(headers.len()),
-        recompressed: Vec::with_capacity(headers.len()),
+        newest: Vec::new(),
+        recompressed: Vec::new(),
     };
     let mut at = 0;
     let mut first_index = 0i32;
-    for h in headers {
+    for (i, h) in headers.iter().enumerate() {
         let bytes = &records[at..at + h.total_len()];
         at += h.total_len();
         let mut max_delta = i64::MIN;
@@ -206,7 +216,7 @@ fn walk(
                 kaas_storage::walk_produced_records(bytes, h, scratch, rules.compression, |r| {
                     let index = first_index.saturating_add(r.index);
                     max_delta = max_delta.max(r.timestamp_delta);
-                    if r.key.is_none() {
+                    if rules.keys_required && r.key.is_none() {
                         found.keyless.push(index);
                     }
                     let ts = h.base_timestamp.saturating_add(r.timestamp_delta);
@@ -237,33 +247,48 @@ fn walk(
                 record_errors: vec![index],
             }
         })?;
-        found.recompressed.push(converted);
-        found
-            .newest
-            .push(h.base_timestamp.saturating_add(max_delta));
+        let newest = h.base_timestamp.saturating_add(max_delta);
+        if converted.is_some() || header_misstates_newest(h, newest) {
+            found.newest.push((i, newest));
+        }
+        if let Some(batch) = converted {
+            found.recompressed.push((i, batch));
+        }
         first_index = first_index.saturating_add(h.record_count);
     }
     Ok(found)
 }
 
+/// Whether a batch's header states another newest timestamp than its newest record's, or
+/// the LogAppendTime bit (which a producer may not set).
+fn header_misstates_newest(h: &BatchHeader, newest: i64) -> bool {
+    h.max_timestamp != newest || h.is_log_append_time()
+}
+
 /// The record set with each batch's stated newest timestamp made its newest record's (and the
-/// LogAppendTime bit cleared), copied only when one is wrong.
+/// LogAppendTime bit cleared), copied only when one is wrong. `newest` lists, by batch index,
+/// every batch whose header may be wrong (the others are right).
 fn correct_newest(
     records: Bytes,
     mut headers: Vec<BatchHeader>,
-    newest: &[i64],
+    newest: &[(usize, i64)],
 ) -> (Bytes, Vec<BatchHeader>) {
-    let wrong = |(h, &max): (&BatchHeader, &i64)| h.max_timestamp != max || h.is_log_append_time();
-    if !headers.iter().zip(newest).any(wrong) {
+    if !newest
+        .iter()
+        .any(|&(i, max)| header_misstates_newest(&headers[i], max))
+    {
         return (records, headers);
     }
     let mut copy = records.to_vec();
     let mut at = 0;
-    for (h, &max) in headers.iter_mut().zip(newest) {
+    let mut newest = newest.iter().peekable();
+    for (i, h) in headers.iter_mut().enumerate() {
         let len = h.total_len();
-        if wrong((h, &max)) {
-            batch::set_create_time_max(&mut copy[at..at + len], max);
-            *h = batch::peek_header(&copy[at..at + len]).expect("a verified batch, corrected");
+        if let Some(&(_, max)) = newest.next_if(|(j, _)| *j == i) {
+            if header_misstates_newest(h, max) {
+                batch::set_create_time_max(&mut copy[at..at + len], max);
+                *h = batch::peek_header(&copy[at..at + len]).expect("a verified batch, corrected");
+            }
         }
         at += len;
     }
@@ -302,7 +327,7 @@ mod tests {
         rules: &ProduceRules,
     ) -> Result<(Bytes, Vec<BatchHeader>), Refusal> {
         let (bytes, headers) = set(batches);
-        check(bytes, headers, rules, NOW, "t-0")
+        check(bytes, headers, rules, NOW, &"t-0")
     }
 
     fn batch(timestamp: i64, records: &[kaas_wire::batch::RecordKv<'_>]) -> Vec<u8> {
@@ -349,7 +374,7 @@ mod tests {
     fn a_well_formed_set_is_stored_as_it_came() {
         let (bytes, headers) = set(&[batch(NOW, &[(Some(b"k"), Some(b"v")), (None, Some(b"w"))])]);
         let (stored, stored_headers) =
-            check(bytes.clone(), headers.clone(), &rules(), NOW, "t-0").unwrap();
+            check(bytes.clone(), headers.clone(), &rules(), NOW, &"t-0").unwrap();
         assert_eq!(stored, bytes);
         assert_eq!(stored.as_ptr(), bytes.as_ptr(), "not copied");
         assert_eq!(stored_headers, headers);
@@ -461,11 +486,13 @@ mod tests {
     fn a_wrong_newest_timestamp_is_corrected_and_sealed() {
         let wrong = with_deltas(NOW, &[0, 30, 10], NOW + 35_000);
         let right = with_deltas(NOW, &[0, 30, 10], NOW + 30);
-        let (stored, headers) = run(&[right.clone(), wrong], &rules()).unwrap();
+        let last = with_deltas(NOW, &[0, 5], NOW + 5);
+        let (stored, headers) = run(&[right.clone(), wrong, last.clone()], &rules()).unwrap();
         assert_eq!(headers[1].max_timestamp, NOW + 30);
         let again = verify_produced_record_set(&stored).expect("CRC sealed again");
         assert_eq!(again, headers);
         assert_eq!(&stored[..right.len()], &right[..]);
+        assert_eq!(&stored[stored.len() - last.len()..], &last[..]);
         // The LogAppendTime bit on a CreateTime topic is cleared.
         let mut flagged = right.clone();
         flagged[22] |= 0x08;
@@ -515,5 +542,31 @@ mod tests {
                 errors::MESSAGE_TOO_LARGE
             );
         }
+    }
+
+    /// In a set that mixes batches already in the topic's codec with one that is not, only
+    /// that one is rebuilt, in its place; its newest timestamp, misstated by the producer, is
+    /// the newest record's in the rebuilt batch.
+    #[test]
+    fn in_a_mixed_set_only_the_batch_to_recompress_is_rebuilt() {
+        use kaas_storage::{Codec, StoredCompression as S};
+        let gzip = ProduceRules {
+            compression: S::With(Codec::Gzip),
+            ..rules()
+        };
+        let (zipped, _) = run(&[with_deltas(NOW, &[0, 7, 3], NOW + 7)], &gzip).unwrap();
+        let zipped = zipped.to_vec();
+        let misstated = with_deltas(NOW, &[0, 20, 10], NOW + 99);
+        let (stored, headers) = run(&[zipped.clone(), misstated, zipped.clone()], &gzip).unwrap();
+        assert_eq!(
+            verify_produced_record_set(&stored).expect("sealed"),
+            headers
+        );
+        assert!(headers
+            .iter()
+            .all(|h| h.compression() == Codec::Gzip.attribute()));
+        assert_eq!(headers[1].max_timestamp, NOW + 20);
+        assert_eq!(&stored[..zipped.len()], &zipped[..]);
+        assert_eq!(&stored[stored.len() - zipped.len()..], &zipped[..]);
     }
 }

@@ -209,7 +209,7 @@ impl PartitionLog {
         let (allocated, size, cap) = {
             let st = self.state.borrow();
             let seg = st.segments.last().expect("active segment");
-            if self.closed.get() || seg.path != path {
+            if self.closed.get() || *seg.path != *path {
                 // Closed, or rolled since this fill was asked for: nothing to fill.
                 return Ok(());
             }
@@ -248,7 +248,7 @@ impl PartitionLog {
     pub(super) fn fill_ahead(
         self: &Rc<Self>,
         file: Rc<glommio::io::BufferedFile>,
-        path: PathBuf,
+        path: Rc<Path>,
         end: u64,
     ) {
         let (allocated, size) = {
@@ -458,7 +458,7 @@ impl PartitionLog {
             let st = self.state.borrow();
             st.segments
                 .iter()
-                .find(|s| s.path == path && s.size > 0)
+                .find(|s| *s.path == *path && s.size > 0)
                 .map(|seg| index::file::encode(&seg.index))
         };
         let newer = snapshot.offset >= self.snapshot_stored.get();
@@ -535,42 +535,61 @@ fn write_inline(
 ) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
     const HEAD: usize = 16;
+    // A client's request usually carries one batch per partition: its rewritten heads and
+    // iovecs live on the stack, not in two allocations per append.
+    const ON_STACK: usize = 4;
     let first = entries.first().map_or(position, |e| e.position);
-    let mut heads: Vec<[u8; HEAD]> = Vec::with_capacity(entries.len());
-    for e in entries {
+    let mut heads_here = [[0u8; HEAD]; ON_STACK];
+    let mut heads_away;
+    let heads: &mut [[u8; HEAD]] = if entries.len() <= ON_STACK {
+        &mut heads_here[..entries.len()]
+    } else {
+        heads_away = vec![[0u8; HEAD]; entries.len()];
+        &mut heads_away
+    };
+    for (e, head) in entries.iter().zip(heads.iter_mut()) {
         let at = (e.position - first) as usize;
-        let mut head = [0u8; HEAD];
         head.copy_from_slice(&records[at..at + HEAD]);
-        batch::set_base_offset(&mut head, e.base_offset);
-        batch::set_partition_leader_epoch(&mut head, epoch);
-        heads.push(head);
+        batch::set_base_offset(head, e.base_offset);
+        batch::set_partition_leader_epoch(head, epoch);
     }
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(entries.len() * 2);
-    for (e, head) in entries.iter().zip(&heads) {
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov_here = [empty; 2 * ON_STACK];
+    let mut iov_away;
+    let iov: &mut [libc::iovec] = if entries.len() <= ON_STACK {
+        &mut iov_here[..2 * entries.len()]
+    } else {
+        iov_away = vec![empty; 2 * entries.len()];
+        &mut iov_away
+    };
+    for ((e, head), pair) in entries
+        .iter()
+        .zip(heads.iter())
+        .zip(iov.chunks_exact_mut(2))
+    {
         let at = (e.position - first) as usize;
         let body = &records[at + HEAD..at + e.len as usize];
-        iov.push(libc::iovec {
+        pair[0] = libc::iovec {
             iov_base: head.as_ptr() as *mut libc::c_void,
             iov_len: HEAD,
-        });
-        iov.push(libc::iovec {
+        };
+        pair[1] = libc::iovec {
             iov_base: body.as_ptr() as *mut libc::c_void,
             iov_len: body.len(),
-        });
+        };
     }
     let mut done = 0usize;
     let total: usize = entries.iter().map(|e| e.len as usize).sum();
+    // What is still to write: the iovecs from `next` on, the first of them advanced past
+    // what a short write took.
+    let mut next = 0usize;
     // A regular file writes all of it unless the volume is full or a signal interrupts; an
     // interrupted call is retried from where it stopped.
     while done < total {
-        let (mut i, mut skip) = (0, done);
-        while skip >= iov[i].iov_len {
-            skip -= iov[i].iov_len;
-            i += 1;
-        }
-        let mut rest = iov[i..].to_vec();
-        rest[0].iov_base = (rest[0].iov_base as usize + skip) as *mut libc::c_void;
-        rest[0].iov_len -= skip;
+        let rest = &iov[next..];
         // SAFETY: every iovec points into `heads` or `records`, both alive for the call; the
         // fd is the segment's, open for writing.
         let n = unsafe {
@@ -582,7 +601,10 @@ fn write_inline(
             )
         };
         match n {
-            n if n > 0 => done += n as usize,
+            n if n > 0 => {
+                done += n as usize;
+                advance(iov, &mut next, n as usize);
+            }
             0 => break,
             _ => {
                 let e = std::io::Error::last_os_error();
@@ -597,4 +619,57 @@ fn write_inline(
         }
     }
     Ok(done)
+}
+
+/// Moves past `took` bytes written from `iov[*next..]`: the iovecs written whole are left
+/// behind, and the first one left is advanced past what was written of it.
+fn advance(iov: &mut [libc::iovec], next: &mut usize, mut took: usize) {
+    while *next < iov.len() && took >= iov[*next].iov_len {
+        took -= iov[*next].iov_len;
+        *next += 1;
+    }
+    if took > 0 {
+        let part = &mut iov[*next];
+        debug_assert!(took < part.iov_len, "wrote no more than was given");
+        part.iov_base = (part.iov_base as usize + took) as *mut libc::c_void;
+        part.iov_len -= took;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // However a write is cut short, what is left to write is exactly the bytes after
+        // those written, in order.
+        #[test]
+        fn a_short_write_leaves_exactly_the_rest(
+            lens in proptest::collection::vec(0usize..40, 1..12),
+            cuts in proptest::collection::vec(1usize..60, 0..20),
+        ) {
+            let parts: Vec<Vec<u8>> = lens
+                .iter()
+                .scan(0u8, |b, &n| Some((0..n).map(|_| { *b = b.wrapping_add(1); *b }).collect()))
+                .collect();
+            let whole: Vec<u8> = parts.concat();
+            let mut iov: Vec<libc::iovec> = parts
+                .iter()
+                .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+                .collect();
+            let (mut next, mut written) = (0usize, 0usize);
+            for cut in cuts {
+                let took = cut.min(whole.len() - written);
+                advance(&mut iov, &mut next, took);
+                written += took;
+                let rest: Vec<u8> = iov[next..]
+                    .iter()
+                    // SAFETY: each iovec points into `parts`, alive here, within its length.
+                    .flat_map(|v| unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) }.to_vec())
+                    .collect();
+                prop_assert_eq!(&rest[..], &whole[written..]);
+            }
+        }
+    }
 }
