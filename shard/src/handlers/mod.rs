@@ -530,11 +530,7 @@ where
         // request; bench/README.md, twenty-third session).
         let (target, item) = items.into_iter().next().expect("one item");
         let reply = dispatch(shard, target, move |s: Rc<Shard>| f(s, item)).await;
-        let result: LocalBoxFuture<'static, Option<R>> = match reply {
-            Some(reply) => Box::pin(reply.get()),
-            None => Box::pin(std::future::ready(None)),
-        };
-        return Dispatched::One(result);
+        return Dispatched::One(Box::pin(async move { reply?.get().await }));
     }
     let mut groups: Vec<Vec<(usize, I)>> = (0..shard.nshards).map(|_| Vec::new()).collect();
     for (i, (target, item)) in items.into_iter().enumerate() {
@@ -571,10 +567,7 @@ where
             }
         })
         .await;
-        let results: ShardResults<R> = match reply {
-            Some(reply) => Box::pin(reply.get()),
-            None => Box::pin(std::future::ready(None)),
-        };
+        let results: ShardResults<R> = Box::pin(async move { reply?.get().await });
         calls.push((indices, results));
     }
     Dispatched::Many { n, calls }

@@ -539,14 +539,8 @@ fn write_inline(
     // iovecs live on the stack, not in two allocations per append.
     const ON_STACK: usize = 4;
     let first = entries.first().map_or(position, |e| e.position);
-    let mut heads_here = [[0u8; HEAD]; ON_STACK];
-    let mut heads_away;
-    let heads: &mut [[u8; HEAD]] = if entries.len() <= ON_STACK {
-        &mut heads_here[..entries.len()]
-    } else {
-        heads_away = vec![[0u8; HEAD]; entries.len()];
-        &mut heads_away
-    };
+    let (mut heads_here, mut heads_away) = ([[0u8; HEAD]; ON_STACK], Vec::new());
+    let heads = slots(&mut heads_here, &mut heads_away, entries.len());
     for (e, head) in entries.iter().zip(heads.iter_mut()) {
         let at = (e.position - first) as usize;
         head.copy_from_slice(&records[at..at + HEAD]);
@@ -557,14 +551,8 @@ fn write_inline(
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
     };
-    let mut iov_here = [empty; 2 * ON_STACK];
-    let mut iov_away;
-    let iov: &mut [libc::iovec] = if entries.len() <= ON_STACK {
-        &mut iov_here[..2 * entries.len()]
-    } else {
-        iov_away = vec![empty; 2 * entries.len()];
-        &mut iov_away
-    };
+    let (mut iov_here, mut iov_away) = ([empty; 2 * ON_STACK], Vec::new());
+    let iov = slots(&mut iov_here, &mut iov_away, 2 * entries.len());
     for ((e, head), pair) in entries
         .iter()
         .zip(heads.iter())
@@ -619,6 +607,20 @@ fn write_inline(
         }
     }
     Ok(done)
+}
+
+/// `n` slots: the first of `here` when they fit, else `away` grown to `n` copies of `here`'s
+/// first.
+fn slots<'a, T: Copy, const N: usize>(
+    here: &'a mut [T; N],
+    away: &'a mut Vec<T>,
+    n: usize,
+) -> &'a mut [T] {
+    if n <= N {
+        return &mut here[..n];
+    }
+    away.resize(n, here[0]);
+    away
 }
 
 /// Moves past `took` bytes written from `iov[*next..]`: the iovecs written whole are left
