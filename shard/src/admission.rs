@@ -15,7 +15,8 @@
 //! body reserved, all at once: a reservation is never partial, so requests waiting for memory
 //! hold none and cannot deadlock each other (partial reservations that grew as bytes arrived
 //! did: eight 3 MiB requests stuck halfway through a 4 MiB budget). The buffer itself still
-//! grows as bytes arrive, so resident memory follows what was received. When the budget is
+//! grows as bytes arrive, so resident memory follows what was received (a body already whole
+//! in the connection's read buffer is allocated at its length at once). When the budget is
 //! exhausted a connection stops reading its socket until other requests finish (TCP then pushes
 //! back on the client) rather than allocating — Kafka's `queued.max.request.bytes`. A client
 //! that reserves a large body and then stalls is closed by the progress timeout
