@@ -634,21 +634,22 @@ async fn read_body<R: futures::io::AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     len: usize,
 ) -> Result<RequestBody, Close> {
-    let mut body = RequestBody::take(len);
     if reader.buffer().len() >= len {
         // The whole body arrived with an earlier read (a run of small requests, or a 16 KB
         // produce among them): one allocation of its length and one copy, instead of growing
         // a zeroed buffer step by step (a 4 KiB allocation, a reallocation and a memset were
-        // 2.9% of a broker's samples under librdkafka's one-batch requests at acks=all).
-        if len > FIRST_CHUNK_BYTES {
-            body.1 = Some(reserve(budget, len - FIRST_CHUNK_BYTES).await);
-        }
-        body.0.clear();
-        body.0.reserve_exact(len);
-        body.0.extend_from_slice(&reader.buffer()[..len]);
+        // 2.9% of a broker's samples under librdkafka's one-batch requests at acks=all). It is
+        // at most the read buffer's size, below what the body pool keeps.
+        let reservation = if len > FIRST_CHUNK_BYTES {
+            Some(reserve(budget, len - FIRST_CHUNK_BYTES).await)
+        } else {
+            None
+        };
+        let body = RequestBody(reader.buffer()[..len].to_vec(), reservation);
         reader.consume_unpin(len);
         return Ok(body);
     }
+    let mut body = RequestBody::take(len);
     let mut received = 0;
     while received < len {
         if received == FIRST_CHUNK_BYTES {

@@ -599,13 +599,8 @@ impl<R: Clone> Dispatched<R> {
     /// Every item's result, in input order; `lost` for an item whose shard is gone.
     pub(crate) async fn results(self, lost: R) -> Vec<R> {
         let (n, calls) = match self {
-            Dispatched::One(reply) => {
-                let result = match reply {
-                    Some(reply) => reply.get().await,
-                    None => None,
-                };
-                return vec![result.unwrap_or(lost)];
-            }
+            Dispatched::One(Some(reply)) => return vec![reply.get().await.unwrap_or(lost)],
+            Dispatched::One(None) => return vec![lost],
             Dispatched::Many { n, calls } => (n, calls),
         };
         let calls = calls
